@@ -1,0 +1,28 @@
+//! Options come from users and the environment: any argument list must parse and validate
+//! to a configuration or a list of problems, never panic.
+#![no_main]
+
+use clap::Parser;
+use etcd_steward::config::{Cli, Command};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let args = std::iter::once("etcd-steward").chain(text.split('\0'));
+    if let Ok(cli) = Cli::try_parse_from(args) {
+        match cli.command {
+            Command::Sidecar(s) => {
+                let _ = s.common.validate();
+            }
+            Command::Init(i) => {
+                // Dry runs only: validation must not depend on what is installed.
+                if i.dry_run {
+                    if let Ok(c) = i.validate() {
+                        assert!(c.config.replicas >= 1);
+                    }
+                }
+            }
+            Command::Install(_) => {}
+        }
+    }
+});

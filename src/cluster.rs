@@ -1,0 +1,359 @@
+//! A narrow view of etcd: one connection to one member, with the few calls the agent
+//! needs, and errors sorted by what the caller should do about them.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, MemberAddOptions};
+use serde::Serialize;
+use thiserror::Error;
+
+/// A member as the cluster lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberInfo {
+    #[serde(with = "crate::report::hex_id")]
+    pub id: u64,
+    /// Empty until the member has started and published itself.
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
+/// One member's own status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub member_id: u64,
+    pub cluster_id: u64,
+    /// 0 when the member sees no leader.
+    pub leader: u64,
+    pub raft_index: u64,
+    pub raft_term: u64,
+    pub is_learner: bool,
+    /// Alarms and other errors the member reports (NOSPACE, CORRUPT, …).
+    pub errors: Vec<String>,
+}
+
+/// What went wrong talking to etcd, sorted by what to do next.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum EtcdError {
+    #[error("etcd at {endpoint} is unreachable: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+    /// It took the request but did not answer in time: commonly a quorum operation on a
+    /// member without quorum (or an overloaded member), not a network fault.
+    #[error("etcd at {endpoint} did not answer in time (no quorum, or overloaded): {detail}")]
+    TimedOut { endpoint: String, detail: String },
+    #[error("learner {id:x} is not in sync with the leader yet")]
+    LearnerNotReady { id: u64 },
+    #[error("another learner is already joining (etcd allows one at a time)")]
+    TooManyLearners,
+    #[error("etcd refuses membership changes until every voter has been connected for a while (unhealthy cluster)")]
+    UnhealthyCluster,
+    #[error("the peer URL is already a member")]
+    PeerUrlExists,
+    #[error("member {id:x} is not in the cluster")]
+    MemberNotFound { id: u64 },
+    #[error("member {id:x} is already a voter")]
+    AlreadyVoter { id: u64 },
+    #[error("no leader")]
+    NoLeader,
+    /// etcd answered, but refused the request for want of credentials or permission.
+    #[error("etcd at {endpoint} refused the request: {detail} (check --auth-username and the user's role)")]
+    Unauthorized { endpoint: String, detail: String },
+    #[error("etcd at {endpoint}: {detail}")]
+    Other { endpoint: String, detail: String },
+}
+
+/// The calls the agent makes to one member.
+pub trait Etcd: Send + Sync {
+    fn endpoint(&self) -> &str;
+    fn status(&self) -> impl Future<Output = Result<MemberStatus, EtcdError>> + Send;
+    /// Members and the cluster ID, as this member has applied them.
+    fn members(&self) -> impl Future<Output = Result<(u64, Vec<MemberInfo>), EtcdError>> + Send;
+    /// A quorum read through this member: succeeds only with a live leader and quorum, and
+    /// brings the member's applied state up to the leader's commit index.
+    fn linearizable_read(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    /// A read this member answers alone, without quorum.
+    fn serializable_read(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    fn add_learner(
+        &self,
+        peer_url: &str,
+    ) -> impl Future<Output = Result<MemberInfo, EtcdError>> + Send;
+    fn remove(&self, id: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    fn promote(&self, id: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
+}
+
+/// Opens connections to members by address.
+pub trait Connector: Send + Sync {
+    type Member: Etcd;
+    /// A client for the member at `ip:port`; `host` is its DNS name (for TLS and logs).
+    fn connect(
+        &self,
+        host: &str,
+        ip: IpAddr,
+        port: u16,
+    ) -> impl Future<Output = Result<Self::Member, EtcdError>> + Send;
+}
+
+/// Time-outs for the calls made to etcd.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub request: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_millis(700),
+            request: Duration::from_millis(1500),
+        }
+    }
+}
+
+/// The etcd-client implementation.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdClientConnector {
+    pub timeouts: Timeouts,
+    /// Client TLS: connect over https, verify the member's DNS name, present our cert.
+    pub tls: Option<crate::tls::TlsMaterial>,
+    /// etcd credentials, when etcd's authentication is enabled.
+    pub auth: Option<crate::config::Auth>,
+}
+
+impl EtcdClientConnector {
+    pub fn new(cfg: &crate::config::Config) -> Self {
+        Self {
+            timeouts: Timeouts::default(),
+            tls: cfg.client_tls.clone(),
+            auth: cfg.auth.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct EtcdClientMember {
+    client: Client,
+    endpoint: String,
+}
+
+impl Connector for EtcdClientConnector {
+    type Member = EtcdClientMember;
+
+    async fn connect(
+        &self,
+        host: &str,
+        ip: IpAddr,
+        port: u16,
+    ) -> Result<EtcdClientMember, EtcdError> {
+        let addr = std::net::SocketAddr::new(ip, port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
+        let endpoint = format!("{host}:{port}");
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.timeouts.connect)
+            .with_timeout(self.timeouts.request);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.etcd_client_tls(host));
+        }
+        if let Some(auth) = &self.auth {
+            options = options
+                .with_user(auth.username.clone(), auth.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let client = match Client::connect([url.clone()], Some(options)).await {
+            Ok(client) => client,
+            // A learner refuses to authenticate anyone; it serves Status without a token.
+            Err(e)
+                if self.auth.is_some() && e.to_string().contains("not supported for learner") =>
+            {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(self.timeouts.connect)
+                    .with_timeout(self.timeouts.request);
+                let options = match &self.tls {
+                    Some(tls) => options.with_tls(tls.etcd_client_tls(host)),
+                    None => options,
+                };
+                Client::connect([url], Some(options))
+                    .await
+                    .map_err(|e| classify(&endpoint, e))?
+            }
+            Err(e) => return Err(classify(&endpoint, e)),
+        };
+        Ok(EtcdClientMember { client, endpoint })
+    }
+}
+
+fn classify(endpoint: &str, e: etcd_client::Error) -> EtcdError {
+    let detail = match &e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+        other => other.to_string(),
+    };
+    let unreachable = match &e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ) && !detail.contains("leader")
+        }
+        _ => false,
+    };
+    let d = detail.to_ascii_lowercase();
+    // A request-level time-out (the connection worked); connect time-outs stay "unreachable".
+    let timed_out = matches!(&e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::DeadlineExceeded || s.code() == tonic::Code::Cancelled
+            || d.contains("timeout expired"));
+    if d.contains("too many learner") {
+        EtcdError::TooManyLearners
+    } else if d.contains("unhealthy cluster") {
+        EtcdError::UnhealthyCluster
+    } else if d.contains("peer urls already exists") || d.contains("peerurl exists") {
+        EtcdError::PeerUrlExists
+    } else if d.contains("member not found") {
+        EtcdError::MemberNotFound { id: 0 }
+    } else if d.contains("in sync with leader") {
+        EtcdError::LearnerNotReady { id: 0 }
+    } else if d.contains("can only promote a learner member") {
+        EtcdError::AlreadyVoter { id: 0 }
+    } else if d.contains("no leader") {
+        EtcdError::NoLeader
+    } else if d.contains("user name is empty")
+        || d.contains("permission denied")
+        || d.contains("invalid auth token")
+        || d.contains("authentication failed")
+    {
+        EtcdError::Unauthorized {
+            endpoint: endpoint.to_string(),
+            detail,
+        }
+    } else if timed_out {
+        EtcdError::TimedOut {
+            endpoint: endpoint.to_string(),
+            detail,
+        }
+    } else if unreachable {
+        EtcdError::Unreachable {
+            endpoint: endpoint.to_string(),
+            detail,
+        }
+    } else {
+        EtcdError::Other {
+            endpoint: endpoint.to_string(),
+            detail,
+        }
+    }
+}
+
+fn with_id(e: EtcdError, id: u64) -> EtcdError {
+    match e {
+        EtcdError::MemberNotFound { .. } => EtcdError::MemberNotFound { id },
+        EtcdError::LearnerNotReady { .. } => EtcdError::LearnerNotReady { id },
+        EtcdError::AlreadyVoter { .. } => EtcdError::AlreadyVoter { id },
+        other => other,
+    }
+}
+
+fn member_info(m: &etcd_client::Member) -> MemberInfo {
+    MemberInfo {
+        id: m.id(),
+        name: m.name().to_string(),
+        peer_urls: m.peer_urls().to_vec(),
+        client_urls: m.client_urls().to_vec(),
+        is_learner: m.is_learner(),
+    }
+}
+
+/// Reads this key; it need not exist, a read of a missing key still proves the path.
+const PROBE_KEY: &str = "/etcd-steward/probe";
+
+impl Etcd for EtcdClientMember {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    async fn status(&self) -> Result<MemberStatus, EtcdError> {
+        let s = self
+            .client
+            .clone()
+            .status()
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        let header = s.header();
+        Ok(MemberStatus {
+            member_id: header.map(|h| h.member_id()).unwrap_or_default(),
+            cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
+            leader: s.leader(),
+            raft_index: s.raft_index(),
+            raft_term: s.raft_term(),
+            is_learner: s.is_learner(),
+            errors: s.errors().to_vec(),
+        })
+    }
+
+    async fn members(&self) -> Result<(u64, Vec<MemberInfo>), EtcdError> {
+        let r = self
+            .client
+            .clone()
+            .member_list()
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        let cluster_id = r.header().map(|h| h.cluster_id()).unwrap_or_default();
+        Ok((cluster_id, r.members().iter().map(member_info).collect()))
+    }
+
+    async fn linearizable_read(&self) -> Result<(), EtcdError> {
+        let opts = GetOptions::new().with_keys_only().with_limit(1);
+        self.client
+            .clone()
+            .get(PROBE_KEY, Some(opts))
+            .await
+            .map(drop)
+            .map_err(|e| classify(&self.endpoint, e))
+    }
+
+    async fn serializable_read(&self) -> Result<(), EtcdError> {
+        let opts = GetOptions::new()
+            .with_serializable()
+            .with_keys_only()
+            .with_limit(1);
+        self.client
+            .clone()
+            .get(PROBE_KEY, Some(opts))
+            .await
+            .map(drop)
+            .map_err(|e| classify(&self.endpoint, e))
+    }
+
+    async fn add_learner(&self, peer_url: &str) -> Result<MemberInfo, EtcdError> {
+        let r = self
+            .client
+            .clone()
+            .member_add([peer_url], Some(MemberAddOptions::new().with_is_learner()))
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        r.member().map(member_info).ok_or_else(|| EtcdError::Other {
+            endpoint: self.endpoint.clone(),
+            detail: "member add answered without the new member".into(),
+        })
+    }
+
+    async fn remove(&self, id: u64) -> Result<(), EtcdError> {
+        self.client
+            .clone()
+            .member_remove(id)
+            .await
+            .map(drop)
+            .map_err(|e| with_id(classify(&self.endpoint, e), id))
+    }
+
+    async fn promote(&self, id: u64) -> Result<(), EtcdError> {
+        self.client
+            .clone()
+            .member_promote(id)
+            .await
+            .map(drop)
+            .map_err(|e| with_id(classify(&self.endpoint, e), id))
+    }
+}

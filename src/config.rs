@@ -1,0 +1,618 @@
+//! Command-line and environment options, validated once into a typed [`Config`].
+//! Every bad option is reported in one run, each naming the constraint it breaks.
+//! No other module reads the environment.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use thiserror::Error;
+
+use crate::identity::{parse_pod_name, Identity};
+use crate::tls::{TlsFiles, TlsMaterial};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "etcd-steward",
+    version,
+    about = "Starts, joins, heals and promotes the etcd members of a Kubernetes StatefulSet"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The etcd container's entrypoint: decide how this member starts, then exec etcd.
+    Init(InitArgs),
+    /// The second container: promote the learner, remove dead learners, serve health.
+    Sidecar(SidecarArgs),
+    /// Copy this binary into DIR (an emptyDir shared with the upstream etcd image).
+    Install(InstallArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// The directory to copy `etcd-steward` into.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Print the decision as one JSON object on stdout and exit 0, changing nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Extra flags passed to etcd after the computed ones (after `--`).
+    #[arg(last = true)]
+    pub etcd_args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SidecarArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Options shared by `init` and `sidecar`. Numbers and addresses are taken as text so that
+/// every bad value is reported together, with the constraint it breaks.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// The pod name, ending in -<ordinal> (e.g. etcd-2). Falls back to HOSTNAME.
+    #[arg(long, env = "POD_NAME")]
+    pub name: Option<String>,
+    #[arg(long = "hostname-fallback", env = "HOSTNAME", hide = true)]
+    pub hostname: Option<String>,
+    /// The headless service [default: the pod name without -<ordinal>].
+    #[arg(long, env = "ETCD_STEWARD_SERVICE")]
+    pub service: Option<String>,
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    pub cluster_domain: String,
+    /// The initial cluster size (required).
+    #[arg(long, env = "ETCD_STEWARD_REPLICAS")]
+    pub replicas: Option<String>,
+    #[arg(long, env = "ETCD_STEWARD_DATA_DIR", default_value = "/var/lib/etcd")]
+    pub data_dir: PathBuf,
+    #[arg(long, env = "ETCD_STEWARD_CLIENT_PORT", default_value = "2379")]
+    pub client_port: String,
+    #[arg(long, env = "ETCD_STEWARD_PEER_PORT", default_value = "2380")]
+    pub peer_port: String,
+    /// The sidecar's HTTP port, the same in every pod.
+    #[arg(long, env = "ETCD_STEWARD_HTTP_PORT", default_value = "8080")]
+    pub http_port: String,
+    /// The address etcd and the sidecar bind.
+    #[arg(long, env = "POD_IP", default_value = "0.0.0.0")]
+    pub listen_ip: String,
+    /// A DNS server as IP:PORT [default: the system resolver].
+    #[arg(long, env = "ETCD_STEWARD_DNS_SERVER")]
+    pub dns_server: Option<String>,
+    #[arg(long, env = "ETCD_STEWARD_ETCD_BIN", default_value = "etcd")]
+    pub etcd_bin: PathBuf,
+    /// How long a learner may go without starting or progressing before the leader's
+    /// sidecar removes it (humantime: 10s, 5m).
+    #[arg(long, env = "ETCD_STEWARD_LEARNER_STALL_TIMEOUT", default_value = "5m")]
+    pub learner_stall_timeout: String,
+    /// Client TLS: this certificate serves etcd's client port and authenticates
+    /// etcd-steward to etcd (it needs the server and client usages).
+    #[arg(long, env = "ETCD_STEWARD_CLIENT_CERT_FILE")]
+    pub client_cert_file: Option<PathBuf>,
+    #[arg(long, env = "ETCD_STEWARD_CLIENT_KEY_FILE")]
+    pub client_key_file: Option<PathBuf>,
+    /// The CA that signs client certificates (etcd's --trusted-ca-file).
+    #[arg(long, env = "ETCD_STEWARD_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Peer TLS: etcd's peer certificate, also used for the mutual-TLS peer reports.
+    #[arg(long, env = "ETCD_STEWARD_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    #[arg(long, env = "ETCD_STEWARD_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    #[arg(long, env = "ETCD_STEWARD_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// With peer TLS, the port the sidecar serves peer reports on (mutual TLS).
+    #[arg(long, env = "ETCD_STEWARD_PEER_REPORT_PORT", default_value = "8443")]
+    pub peer_report_port: String,
+    /// etcd user for membership calls when etcd's authentication is enabled (needs root).
+    #[arg(long, env = "ETCD_STEWARD_AUTH_USERNAME")]
+    pub auth_username: Option<String>,
+    /// A file holding that user's password.
+    #[arg(long, env = "ETCD_STEWARD_AUTH_PASSWORD_FILE")]
+    pub auth_password_file: Option<PathBuf>,
+}
+
+/// etcd credentials; `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Auth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads one side's TLS files: all three or none.
+fn tls_side(
+    names: [&str; 3],
+    files: [&Option<PathBuf>; 3],
+    problems: &mut Vec<String>,
+) -> Option<TlsMaterial> {
+    match files {
+        [None, None, None] => None,
+        [Some(cert), Some(key), Some(ca)] => {
+            let files = TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            };
+            match TlsMaterial::load(&files) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    problems.push(format!("--{}: {e}", names[0]));
+                    None
+                }
+            }
+        }
+        _ => {
+            problems.push(format!(
+                "--{}, --{} and --{} go together: give all three or none",
+                names[0], names[1], names[2]
+            ));
+            None
+        }
+    }
+}
+
+/// Every broken constraint found in one run of validation.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid configuration: {}", .problems.join("; "))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+/// The validated configuration both roles run on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub identity: Identity,
+    pub replicas: u32,
+    pub data_dir: PathBuf,
+    pub http_port: u16,
+    pub listen_ip: IpAddr,
+    pub dns_server: Option<SocketAddr>,
+    pub etcd_bin: PathBuf,
+    pub learner_stall_timeout: Duration,
+    pub client_tls: Option<TlsMaterial>,
+    pub peer_tls: Option<TlsMaterial>,
+    pub peer_report_port: u16,
+    pub auth: Option<Auth>,
+}
+
+impl Config {
+    /// The address local clients use to reach this pod's etcd and sidecar: the listen
+    /// address, or loopback when etcd listens on every address.
+    pub fn local_ip(&self) -> IpAddr {
+        if self.listen_ip.is_unspecified() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            self.listen_ip
+        }
+    }
+}
+
+/// `init`'s validated options.
+#[derive(Debug, Clone)]
+pub struct InitConfig {
+    pub config: Config,
+    pub dry_run: bool,
+    pub etcd_args: Vec<String>,
+}
+
+fn port(name: &str, value: &str, problems: &mut Vec<String>) -> u16 {
+    match value.parse::<u16>() {
+        Ok(p) if p > 0 => p,
+        _ => {
+            problems.push(format!(
+                "--{name} must be a port from 1 to 65535, got {value:?}"
+            ));
+            0
+        }
+    }
+}
+
+fn dns_label_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl CommonArgs {
+    /// Validates every option; returns all broken constraints at once.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let mut problems = Vec::new();
+        let name = self.name.clone().or_else(|| self.hostname.clone());
+        let (set_name, ordinal) = match name.as_deref().map(parse_pod_name) {
+            Some(Ok(parsed)) => parsed,
+            Some(Err(e)) => {
+                problems.push(e.to_string());
+                (String::new(), 0)
+            }
+            None => {
+                problems.push(
+                    "--name (or POD_NAME, or HOSTNAME) is required: the pod name, such as etcd-0"
+                        .into(),
+                );
+                (String::new(), 0)
+            }
+        };
+        let service = self.service.clone().unwrap_or_else(|| set_name.clone());
+        if !service.is_empty() && !dns_label_ok(&service) {
+            problems.push(format!("--service {service:?} must be a DNS label"));
+        }
+        if !dns_label_ok(&self.namespace) {
+            problems.push(format!(
+                "--namespace {:?} must be a DNS label",
+                self.namespace
+            ));
+        }
+        let domain = self.cluster_domain.trim_end_matches('.').to_string();
+        if domain.is_empty() || !domain.split('.').all(dns_label_ok) {
+            problems.push(format!(
+                "--cluster-domain {:?} must be a DNS name such as cluster.local",
+                self.cluster_domain
+            ));
+        }
+        let replicas = match self.replicas.as_deref().map(str::parse::<u32>) {
+            Some(Ok(n)) if (1..=99).contains(&n) => n,
+            Some(_) => {
+                problems.push(format!(
+                    "--replicas must be the initial cluster size, a whole number from 1 to 99, got {:?}",
+                    self.replicas.as_deref().unwrap_or_default()
+                ));
+                0
+            }
+            None => {
+                problems.push(
+                    "--replicas (or ETCD_STEWARD_REPLICAS) is required: the initial cluster size"
+                        .into(),
+                );
+                0
+            }
+        };
+        let client_port = port("client-port", &self.client_port, &mut problems);
+        let peer_port = port("peer-port", &self.peer_port, &mut problems);
+        let http_port = port("http-port", &self.http_port, &mut problems);
+        let peer_report_port = port("peer-report-port", &self.peer_report_port, &mut problems);
+        let ports = [
+            ("client-port", client_port),
+            ("peer-port", peer_port),
+            ("http-port", http_port),
+            ("peer-report-port", peer_report_port),
+        ];
+        for (i, (a, pa)) in ports.iter().enumerate() {
+            for (b, pb) in &ports[i + 1..] {
+                if *pa != 0 && pa == pb {
+                    problems.push(format!("--{a} and --{b} must differ, both are {pa}"));
+                }
+            }
+        }
+        let listen_ip = match self.listen_ip.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => {
+                problems.push(format!(
+                    "--listen-ip must be an IP address (etcd refuses host names in listen URLs), got {:?}",
+                    self.listen_ip
+                ));
+                IpAddr::from([0, 0, 0, 0])
+            }
+        };
+        let dns_server = match self.dns_server.as_deref().filter(|s| !s.is_empty()) {
+            None => None,
+            Some(s) => match s.parse::<SocketAddr>() {
+                Ok(addr) if addr.port() != 0 => Some(addr),
+                _ => {
+                    problems.push(format!(
+                        "--dns-server must be IP:PORT such as 10.96.0.10:53, got {s:?}"
+                    ));
+                    None
+                }
+            },
+        };
+        let learner_stall_timeout = match humantime::parse_duration(&self.learner_stall_timeout) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            _ => {
+                problems.push(format!(
+                    "--learner-stall-timeout must be a duration of at least 1s such as 30s or 5m, got {:?}",
+                    self.learner_stall_timeout
+                ));
+                Duration::ZERO
+            }
+        };
+        if self.data_dir.as_os_str().is_empty() || self.data_dir.is_relative() {
+            problems.push(format!(
+                "--data-dir must be an absolute path, got {:?}",
+                self.data_dir
+            ));
+        }
+        let client_tls = tls_side(
+            ["client-cert-file", "client-key-file", "trusted-ca-file"],
+            [
+                &self.client_cert_file,
+                &self.client_key_file,
+                &self.trusted_ca_file,
+            ],
+            &mut problems,
+        );
+        let peer_tls = tls_side(
+            ["peer-cert-file", "peer-key-file", "peer-trusted-ca-file"],
+            [
+                &self.peer_cert_file,
+                &self.peer_key_file,
+                &self.peer_trusted_ca_file,
+            ],
+            &mut problems,
+        );
+        let auth = match (&self.auth_username, &self.auth_password_file) {
+            (None, None) => None,
+            (Some(username), Some(file)) => match std::fs::read_to_string(file) {
+                Ok(p) if !p.trim_end_matches(['\r', '\n']).is_empty() => Some(Auth {
+                    username: username.clone(),
+                    password: p.trim_end_matches(['\r', '\n']).to_string(),
+                }),
+                Ok(_) => {
+                    problems.push(format!("--auth-password-file {file:?} is empty"));
+                    None
+                }
+                Err(e) => {
+                    problems.push(format!("--auth-password-file {file:?} cannot be read: {e}"));
+                    None
+                }
+            },
+            _ => {
+                problems.push("--auth-username and --auth-password-file go together".into());
+                None
+            }
+        };
+        if !problems.is_empty() {
+            return Err(ConfigError { problems });
+        }
+        Ok(Config {
+            identity: Identity {
+                set_name,
+                ordinal,
+                service,
+                namespace: self.namespace.clone(),
+                cluster_domain: domain,
+                client_port,
+                peer_port,
+                client_scheme: if client_tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+                peer_scheme: if peer_tls.is_some() { "https" } else { "http" },
+            },
+            replicas,
+            data_dir: self.data_dir.clone(),
+            http_port,
+            listen_ip,
+            dns_server,
+            etcd_bin: self.etcd_bin.clone(),
+            learner_stall_timeout,
+            client_tls,
+            peer_tls,
+            peer_report_port,
+            auth,
+        })
+    }
+}
+
+/// Finds an executable: a path with a `/` as it is, a bare name on `PATH`.
+fn find_executable(bin: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if bin.components().count() > 1 || bin.is_absolute() {
+        return if executable(bin) {
+            Ok(bin.to_path_buf())
+        } else {
+            Err(format!(
+                "--etcd-bin {bin:?} does not exist or is not an executable file"
+            ))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(bin))
+        .find(|p| executable(p))
+        .ok_or_else(|| {
+            format!("--etcd-bin {bin:?} was not found on PATH; install etcd or give its full path")
+        })
+}
+
+impl InitArgs {
+    /// Validates the shared options and, unless this is a dry run, that etcd can be exec'd.
+    pub fn validate(&self) -> Result<InitConfig, ConfigError> {
+        let mut config = self.common.validate();
+        if !self.dry_run {
+            match (find_executable(&self.common.etcd_bin), &mut config) {
+                (Ok(path), Ok(c)) => c.etcd_bin = path,
+                (Err(p), Ok(_)) => config = Err(ConfigError { problems: vec![p] }),
+                (Err(p), Err(e)) => e.problems.push(p),
+                (Ok(_), Err(_)) => {}
+            }
+        }
+        Ok(InitConfig {
+            config: config?,
+            dry_run: self.dry_run,
+            etcd_args: self.etcd_args.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        match Cli::try_parse_from(args) {
+            Ok(cli) => cli,
+            Err(e) => panic!("parse failed: {e}"),
+        }
+    }
+
+    fn common(args: &[&str]) -> CommonArgs {
+        let mut full = vec!["etcd-steward", "sidecar", "--hostname-fallback", ""];
+        full.extend_from_slice(args);
+        match parse(&full).command {
+            Command::Sidecar(s) => s.common,
+            Command::Init(_) | Command::Install(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_statefulset_conventions() {
+        let c = common(&["--name", "etcd-2", "--replicas", "3"]).validate();
+        let c = c.map_err(|e| e.to_string());
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.identity.set_name, "etcd");
+        assert_eq!(c.identity.service, "etcd");
+        assert_eq!(c.identity.ordinal, 2);
+        assert_eq!(c.identity.host(2), "etcd-2.etcd.default.svc.cluster.local");
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/etcd"));
+        assert_eq!(
+            (c.identity.client_port, c.identity.peer_port, c.http_port),
+            (2379, 2380, 8080)
+        );
+        assert_eq!(c.learner_stall_timeout, Duration::from_secs(300));
+        assert!(c.dns_server.is_none());
+    }
+
+    #[test]
+    fn every_broken_constraint_is_reported_in_one_run() {
+        let err = common(&[
+            "--name",
+            "etcd",
+            "--replicas",
+            "0",
+            "--client-port",
+            "70000",
+            "--peer-port",
+            "8080",
+            "--listen-ip",
+            "pod.local",
+            "--dns-server",
+            "10.0.0.1",
+            "--learner-stall-timeout",
+            "soon",
+        ])
+        .validate()
+        .err()
+        .map(|e| e.problems)
+        .unwrap_or_default();
+        let text = err.join("\n");
+        for needle in [
+            "-<ordinal>",
+            "--replicas",
+            "--client-port",
+            "--peer-port and --http-port must differ",
+            "--listen-ip",
+            "--dns-server",
+            "--learner-stall-timeout",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+        }
+        assert_eq!(err.len(), 7, "{text}");
+    }
+
+    #[test]
+    fn missing_name_falls_back_to_hostname() {
+        let full = [
+            "etcd-steward",
+            "sidecar",
+            "--hostname-fallback",
+            "db-4",
+            "--replicas",
+            "5",
+        ];
+        let Command::Sidecar(s) = parse(&full).command else {
+            unreachable!()
+        };
+        let c = s.common.validate().map_err(|e| e.to_string());
+        assert_eq!(c.map(|c| c.identity.ordinal), Ok(4));
+    }
+
+    #[test]
+    fn init_takes_extra_etcd_args_after_double_dash() {
+        let Command::Init(i) = parse(&[
+            "etcd-steward",
+            "init",
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--dry-run",
+            "--",
+            "--quota-backend-bytes",
+            "8589934592",
+        ])
+        .command
+        else {
+            unreachable!()
+        };
+        assert!(i.dry_run);
+        assert_eq!(i.etcd_args, ["--quota-backend-bytes", "8589934592"]);
+    }
+
+    #[test]
+    fn a_missing_etcd_binary_is_a_configuration_error() {
+        let Command::Init(i) = parse(&[
+            "etcd-steward",
+            "init",
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--etcd-bin",
+            "/nonexistent/etcd",
+        ])
+        .command
+        else {
+            unreachable!()
+        };
+        let err = i
+            .validate()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("--etcd-bin \"/nonexistent/etcd\" does not exist"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_options_are_rejected_by_the_parser() {
+        assert!(Cli::try_parse_from(["etcd-steward", "init", "--bogus"]).is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! The `etcd-steward` command: parses the CLI, sets up JSON logs, runs a role, and turns
+//! the outcome into an exit code. The only place that exits.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use etcd_steward::cluster::EtcdClientConnector;
+use etcd_steward::config::{Cli, Command};
+use etcd_steward::dns::HickoryDns;
+use etcd_steward::init::{self, Outcome};
+use etcd_steward::{exec, sidecar};
+
+/// EX_USAGE: a configuration error.
+const EXIT_CONFIG: u8 = 64;
+const EXIT_RUNTIME: u8 = 1;
+
+fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ETCD_STEWARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_target(false)
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Writes the error where `kubectl describe pod` shows it, logs it once, and fails.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    let chain = format!("{e:#}");
+    tracing::error!(error = %chain, "etcd-steward failed");
+    let _ = std::fs::write("/dev/termination-log", &chain);
+    ExitCode::from(EXIT_RUNTIME)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+async fn stop_on_sigterm(tx: tokio::sync::watch::Sender<bool>) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("termination signal received");
+    let _ = tx.send(true);
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, naming the problem; the usage is a --help away.
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ");
+            eprintln!("etcd-steward: {first} (see --help)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    logs();
+    match cli.command {
+        Command::Init(args) => {
+            let cfg = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let outcome = runtime().and_then(|rt| {
+                let dns = HickoryDns::new(cfg.config.dns_server)?;
+                let connector = EtcdClientConnector::new(&cfg.config);
+                Ok(rt.block_on(init::run(cfg, dns, connector))?)
+            });
+            match outcome {
+                Ok(Outcome::DryRun(decision)) => {
+                    println!("{decision}");
+                    ExitCode::SUCCESS
+                }
+                Ok(Outcome::Exec { bin, argv }) => {
+                    tracing::info!(etcd = %bin.display(), args = ?argv, "exec etcd");
+                    let err = exec::exec_etcd(&bin, &argv);
+                    fail(&anyhow::anyhow!("cannot exec {}: {err}", bin.display()))
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Install(args) => match exec::install_self(&args.dir) {
+            Ok(path) => {
+                tracing::info!(path = %path.display(), "etcd-steward installed");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&anyhow::anyhow!(
+                "cannot install into {}: {e}",
+                args.dir.display()
+            )),
+        },
+        Command::Sidecar(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(async {
+                    let dns = HickoryDns::new(cfg.dns_server)?;
+                    let (tx, rx) = tokio::sync::watch::channel(false);
+                    tokio::spawn(stop_on_sigterm(tx));
+                    let connector = EtcdClientConnector::new(&cfg);
+                    Ok(sidecar::run(cfg, dns, connector, rx).await?)
+                })
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}

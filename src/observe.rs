@@ -1,0 +1,230 @@
+//! Gathers the [`Facts`] for one round of `init`: the data directory, this pod's and its
+//! peers' DNS names, a current view of the cluster from a voter that sees a leader, and
+//! the peers' reports of their own volumes.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use crate::cluster::{Connector, Etcd};
+use crate::config::Config;
+use crate::datadir::{self, DataDirError};
+use crate::decide::{ClusterFacts, ClusterView, Facts, PeerFacts};
+use crate::dns::{Dns, Lookup};
+use crate::http_get;
+use crate::report::{parse_report, PeerReport, MAX_REPORT_BYTES};
+
+/// How long one round may spend asking the cluster when the volume holds data (a restart
+/// must not wait on peers that are down) and when it does not.
+const CLUSTER_DEADLINE_WITH_DATA: Duration = Duration::from_millis(500);
+const CLUSTER_DEADLINE_EMPTY: Duration = Duration::from_secs(4);
+const REPORT_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Ordinals beyond the initial size that are looked up, to notice pods of a scaled-up set.
+const EXTRA_ORDINALS: u32 = 2;
+
+pub struct Observer<D, C> {
+    pub cfg: Config,
+    pub dns: D,
+    pub connector: C,
+}
+
+impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
+    /// The ordinals of the other pods worth asking.
+    fn peer_ordinals(&self) -> Vec<u32> {
+        let me = self.cfg.identity.ordinal;
+        let top = self.cfg.replicas.max(me + 1) + EXTRA_ORDINALS;
+        (0..top).filter(|o| *o != me).collect()
+    }
+
+    pub async fn observe(&self, fresh_nonce: String) -> Result<Facts, DataDirError> {
+        let cfg = &self.cfg;
+        let id = &cfg.identity;
+        let data = datadir::inspect(&cfg.data_dir)?;
+
+        let mut lookups = JoinSet::new();
+        for o in std::iter::once(id.ordinal).chain(self.peer_ordinals()) {
+            let dns = self.dns.clone();
+            let host = id.host(o);
+            lookups.spawn(async move { (o, dns.lookup(&host).await) });
+        }
+        let mut resolved: Vec<(u32, Lookup)> = lookups.join_all().await;
+        resolved.sort_by_key(|(o, _)| *o);
+        let own_dns = resolved
+            .iter()
+            .find(|(o, _)| *o == id.ordinal)
+            .map(|(_, l)| l.clone())
+            .unwrap_or(Lookup::NotFound);
+        let peers: Vec<(u32, Lookup)> = resolved
+            .into_iter()
+            .filter(|(o, _)| *o != id.ordinal)
+            .collect();
+
+        let deadline = if data.has_data() {
+            CLUSTER_DEADLINE_WITH_DATA
+        } else {
+            CLUSTER_DEADLINE_EMPTY
+        };
+        let cluster = self.cluster_view(&peers, deadline);
+        let reports = async {
+            if data.has_data() {
+                return Vec::new();
+            }
+            let mut set = JoinSet::new();
+            for (o, lookup) in &peers {
+                let (o, lookup) = (*o, lookup.clone());
+                let name = id.pod_name(o);
+                let host = id.host(o);
+                // With peer TLS, reports come only over mutual TLS with the peer certificates.
+                let (port, tls) = match &cfg.peer_tls {
+                    Some(t) => (cfg.peer_report_port, t.client_config().ok()),
+                    None => (cfg.http_port, None),
+                };
+                set.spawn(async move {
+                    let report = match lookup.first() {
+                        Some(ip) => Some(
+                            fetch_report(SocketAddr::new(ip, port), &host, &name, tls.as_ref())
+                                .await,
+                        ),
+                        None => None,
+                    };
+                    PeerFacts {
+                        ordinal: o,
+                        name,
+                        dns: lookup,
+                        report,
+                    }
+                });
+            }
+            let mut all = set.join_all().await;
+            all.sort_by_key(|p| p.ordinal);
+            all
+        };
+        let (cluster, mut peer_facts) = tokio::join!(cluster, reports);
+        if peer_facts.is_empty() {
+            peer_facts = peers
+                .into_iter()
+                .map(|(o, dns)| PeerFacts {
+                    ordinal: o,
+                    name: id.pod_name(o),
+                    dns,
+                    report: None,
+                })
+                .collect();
+        }
+        Ok(Facts {
+            ordinal: id.ordinal,
+            name: id.name(),
+            peer_url: id.peer_url(id.ordinal),
+            replicas: cfg.replicas,
+            initial_cluster: id.initial_cluster(cfg.replicas),
+            data,
+            own_dns,
+            cluster,
+            peers: peer_facts,
+            fresh_nonce,
+        })
+    }
+
+    /// Asks every resolved peer's etcd at once; the first voter that sees a leader and
+    /// serves a linearizable read gives the view.
+    async fn cluster_view(&self, peers: &[(u32, Lookup)], deadline: Duration) -> ClusterFacts {
+        let id = &self.cfg.identity;
+        let mut tried = Vec::new();
+        let mut set = JoinSet::new();
+        for (o, lookup) in peers {
+            let host = id.host(*o);
+            let Some(ip) = lookup.first() else {
+                if *o < self.cfg.replicas {
+                    tried.push(format!("{}: {}", id.pod_name(*o), describe(lookup)));
+                }
+                continue;
+            };
+            let connector = self.connector.clone();
+            let port = id.client_port;
+            let name = id.pod_name(*o);
+            set.spawn(async move {
+                let r =
+                    tokio::time::timeout(deadline, view_from(&connector, &host, ip, port)).await;
+                (
+                    name,
+                    r.unwrap_or_else(|_| Err(format!("no answer within {deadline:?}"))),
+                )
+            });
+        }
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok((_, Ok(view))) => {
+                    set.abort_all();
+                    return ClusterFacts::Healthy(view);
+                }
+                Ok((name, Err(e))) => tried.push(format!("{name}: {e}")),
+                Err(e) => tried.push(format!("a cluster query failed: {e}")),
+            }
+        }
+        tried.sort();
+        ClusterFacts::NotReached { tried }
+    }
+}
+
+fn describe(lookup: &Lookup) -> String {
+    match lookup {
+        Lookup::Found(ips) => format!("resolves to {ips:?}"),
+        Lookup::NotFound => "DNS name not published".into(),
+        Lookup::Failed(e) => format!("DNS lookup failed: {e}"),
+    }
+}
+
+async fn view_from<C: Connector>(
+    connector: &C,
+    host: &str,
+    ip: IpAddr,
+    port: u16,
+) -> Result<ClusterView, String> {
+    let member = connector
+        .connect(host, ip, port)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = member.status().await.map_err(|e| e.to_string())?;
+    if status.is_learner {
+        return Err("is a learner (cannot vouch for the member list)".into());
+    }
+    if status.leader == 0 {
+        return Err("answers but sees no leader".into());
+    }
+    member
+        .linearizable_read()
+        .await
+        .map_err(|e| format!("no quorum read: {e}"))?;
+    let (cluster_id, members) = member.members().await.map_err(|e| e.to_string())?;
+    Ok(ClusterView {
+        source: host.to_string(),
+        source_ip: ip,
+        cluster_id,
+        leader: status.leader,
+        members,
+    })
+}
+
+/// GETs and checks a peer's report of its volume.
+pub async fn fetch_report(
+    addr: SocketAddr,
+    host: &str,
+    name: &str,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> Result<PeerReport, String> {
+    let (status, body) = http_get::get_with(
+        addr,
+        host,
+        "/peer/report",
+        REPORT_TIMEOUT,
+        MAX_REPORT_BYTES,
+        tls,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("answered HTTP {status}"));
+    }
+    parse_report(&body, name).map_err(|e| e.to_string())
+}

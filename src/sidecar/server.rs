@@ -1,0 +1,94 @@
+//! The sidecar's HTTP listener: plain for kubelet, or mutual TLS for peer reports, with
+//! limits so that abuse (huge headers, slow or idle clients, floods) costs a connection,
+//! never the agent: headers must arrive within a few seconds and fit a small buffer, a
+//! whole exchange is bounded in time, and accept errors (e.g. out of descriptors) back off.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Limits every connection is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time from accept to a complete request head (slowloris, idle keep-alive).
+    pub header_read_timeout: Duration,
+    /// Longest life of one connection.
+    pub connection_timeout: Duration,
+    /// Largest request head accepted (bytes); larger ones get 431 or a closed connection.
+    pub max_buf_size: usize,
+    /// Time allowed for a TLS handshake.
+    pub tls_handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: Duration::from_secs(3),
+            connection_timeout: Duration::from_secs(15),
+            max_buf_size: 16 * 1024,
+            tls_handshake_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `stop` turns true; over TLS when `tls` is given (the
+/// config's client verifier decides who may connect).
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // EMFILE under a flood: wait for connections to time out, stay alive.
+                    tracing::warn!(error = %e, "accept failed; backing off");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => return,
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let service = TowerToHyperService::new(app);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_buf_size);
+            match acceptor {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+                    let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
+                }
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(
+                        limits.tls_handshake_timeout,
+                        acceptor.accept(tcp),
+                    )
+                    .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "refused a TLS client without a valid peer certificate");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(tls), service);
+                    let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,309 @@
+//! Bad input ends in one clear line and a known exit status, with no data touched:
+//! 64 (EX_USAGE) for configuration errors, 1 for runtime failures.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Output};
+
+fn steward(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args(args)
+        .env_remove("HOSTNAME")
+        .env_remove("POD_NAME")
+        .env("ETCD_STEWARD_LOG", "off")
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn refused(args: &[&str], needle: &str) {
+    let out = steward(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{args:?} → {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: expected {needle:?} in {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+const OK: [&str; 5] = [
+    "init",
+    "--dry-run",
+    "--name=etcd-0",
+    "--replicas=3",
+    "--data-dir=/nonexistent/etcd-steward-test",
+];
+
+fn with(extra: &[&'static str]) -> Vec<&'static str> {
+    OK.iter().copied().chain(extra.iter().copied()).collect()
+}
+
+#[test]
+fn configuration_errors_exit_64_naming_the_constraint() {
+    refused(
+        &["init", "--dry-run", "--name=etcd", "--replicas=3"],
+        "must end in -<ordinal>",
+    );
+    refused(
+        &["init", "--dry-run", "--name=etcd-0", "--replicas=0"],
+        "--replicas must be the initial cluster size",
+    );
+    refused(
+        &with(&["--client-port=70000"]),
+        "--client-port must be a port from 1 to 65535",
+    );
+    refused(
+        &with(&["--client-port=2380"]),
+        "--client-port and --peer-port must differ",
+    );
+    refused(
+        &with(&["--listen-ip=pod.local"]),
+        "--listen-ip must be an IP address",
+    );
+    refused(
+        &with(&["--dns-server=10.0.0.1"]),
+        "--dns-server must be IP:PORT",
+    );
+    refused(
+        &with(&["--learner-stall-timeout=soon"]),
+        "--learner-stall-timeout",
+    );
+    refused(&with(&["--bogus"]), "--bogus");
+    let out = steward(&with(&["--bogus"]));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr)
+            .trim_end()
+            .lines()
+            .count(),
+        1,
+        "one line"
+    );
+    refused(&with(&["--client-cert-file=/etc/hostname"]), "go together");
+    refused(&["sidecar", "--name=etcd-0"], "--replicas");
+}
+
+#[test]
+fn all_problems_are_reported_on_one_line() {
+    let out = steward(&[
+        "init",
+        "--dry-run",
+        "--name=etcd",
+        "--replicas=0",
+        "--listen-ip=x",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    for needle in ["-<ordinal>", "--replicas", "--listen-ip"] {
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
+
+#[test]
+fn an_etcd_binary_that_is_missing_or_not_executable_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = format!("--data-dir={}", data.display());
+    let base = ["init", "--name=etcd-0", "--replicas=1", data_arg.as_str()];
+    let missing = [&base[..], &["--etcd-bin=/nonexistent/etcd"]].concat();
+    refused(&missing, "does not exist or is not an executable file");
+    let plain = dir.path().join("etcd");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let arg = format!("--etcd-bin={}", plain.display());
+    refused(
+        &[&base[..], &[arg.as_str()]].concat(),
+        "not an executable file",
+    );
+    assert!(!data.exists(), "nothing was created");
+}
+
+#[test]
+fn unreadable_tls_files_are_configuration_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("peer.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let g = garbage.display().to_string();
+    let args = [
+        format!("--peer-cert-file={g}"),
+        format!("--peer-key-file={g}"),
+        format!("--peer-trusted-ca-file={g}"),
+    ];
+    let all: Vec<&str> = OK
+        .iter()
+        .copied()
+        .chain(args.iter().map(String::as_str))
+        .collect();
+    refused(&all, "peer.pem");
+}
+
+#[test]
+fn a_data_dir_that_is_a_file_fails_with_one_line_and_is_left_alone() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "precious").unwrap();
+    let arg = format!("--data-dir={}", file.path().display());
+    let out = steward(&[
+        "init",
+        "--dry-run",
+        "--name=etcd-0",
+        "--replicas=1",
+        &arg,
+        "--dns-server=127.0.0.1:1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(file.path()).unwrap(), "precious");
+}
+
+#[test]
+fn a_garbage_wal_is_data_never_deleted_and_never_a_new_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("member/wal");
+    std::fs::create_dir_all(&wal).unwrap();
+    std::fs::write(
+        wal.join("0000000000000000-0000000000000000.wal"),
+        b"garbage, truncated",
+    )
+    .unwrap();
+    let arg = format!("--data-dir={}", dir.path().display());
+    let out = steward(&[
+        "init",
+        "--dry-run",
+        "--name=etcd-0",
+        "--replicas=1",
+        &arg,
+        "--dns-server=127.0.0.1:1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(decision["action"], "bootstrap", "{decision}");
+    assert!(
+        decision["data_dir"]["has_data"].as_bool().unwrap(),
+        "{decision}"
+    );
+    assert!(decision["data_dir"]["wal_error"].is_string(), "{decision}");
+    assert!(wal.join("0000000000000000-0000000000000000.wal").exists());
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    assert_eq!(steward(&["--help"]).status.code(), Some(0));
+    assert_eq!(steward(&["--version"]).status.code(), Some(0));
+    assert_eq!(steward(&["init", "--help"]).status.code(), Some(0));
+}
+
+/// Mounts a small tmpfs (root only, as CI runs); unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn new(options: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs (the tests run as root)");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+fn init_for_real(data: &std::path::Path) -> Output {
+    let arg = format!("--data-dir={}", data.display());
+    Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args([
+            "init",
+            "--name=etcd-0",
+            "--replicas=1",
+            "--etcd-bin=/bin/true",
+            "--dns-server=127.0.0.1:9",
+            &arg,
+        ])
+        .env("ETCD_STEWARD_LOG", "error")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_full_data_disk_fails_with_one_line_naming_it() {
+    let disk = Tmpfs::new("size=64k");
+    let filler = disk.0.path().join("filler");
+    let _ = std::fs::write(&filler, vec![7u8; 128 * 1024]);
+    let kept = std::fs::metadata(&filler).map(|m| m.len()).unwrap_or(0);
+    let out = init_for_real(disk.0.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot write in data directory") && stderr.contains("full"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(&filler).map(|m| m.len()).unwrap_or(0),
+        kept,
+        "nothing touched"
+    );
+}
+
+#[test]
+fn a_read_only_data_disk_fails_with_one_line_naming_it() {
+    let disk = Tmpfs::new("size=64k,ro");
+    let out = init_for_real(disk.0.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot write in data directory"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn dns_that_fails_or_times_out_means_wait_never_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let arg = format!("--data-dir={}", dir.path().display());
+    // Nothing answers on port 9: every lookup fails or times out.
+    let out = steward(&[
+        "init",
+        "--dry-run",
+        "--name=etcd-1",
+        "--replicas=3",
+        &arg,
+        "--dns-server=127.0.0.1:9",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["action"], "wait", "{decision}");
+    assert!(
+        decision["reason"]
+            .as_str()
+            .unwrap()
+            .contains("DNS lookup failed"),
+        "{decision}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "a dry run writes nothing"
+    );
+}

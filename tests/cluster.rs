@@ -1,0 +1,518 @@
+//! Real etcd, real DNS, real processes: the scenarios etcd-steward exists for, against
+//! etcd 3.5.1 and 3.4.23. Each scenario is written once and run against both.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::{has_wal, wait_for, wait_for_or, Etcd, Set};
+
+const FORM: Duration = Duration::from_secs(60);
+const HEAL: Duration = Duration::from_secs(90);
+
+async fn fresh_bootstrap_together(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let ids: Vec<u64> = futures_ids(&set, &[0, 1, 2]).await;
+    assert_eq!(ids.len(), 3);
+    let cid = set.cluster_id(0).await;
+    for o in 0..3 {
+        assert_eq!(set.cluster_id(o).await, cid, "one cluster");
+        assert!(
+            set.decisions(o).contains(&"bootstrap".to_string()),
+            "pod {o} bootstrapped: {:?}",
+            set.decisions(o)
+        );
+    }
+    set.put_keys("k", 10).await;
+    assert_eq!(set.count_keys_on(2, "k/").await, 10);
+    set.shutdown().await;
+}
+
+async fn futures_ids(set: &Set, pods: &[u32]) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for o in pods {
+        ids.push(set.member_id(*o).await);
+    }
+    ids.sort();
+    ids.dedup();
+    ids.retain(|id| *id != 0);
+    ids
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod etcd_3_5 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_5).await;
+                }
+            )*
+        }
+        mod etcd_3_4 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_4).await;
+                }
+            )*
+        }
+        /// The same scenarios with TLS for clients and peers.
+        mod etcd_3_5_tls {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_5Tls).await;
+                }
+            )*
+        }
+    };
+}
+
+async fn fresh_bootstrap_staggered(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in [2, 0, 1] {
+        set.start(o);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let cid = set.cluster_id(0).await;
+    assert_eq!(set.cluster_id(1).await, cid);
+    assert_eq!(set.cluster_id(2).await, cid);
+    set.shutdown().await;
+}
+
+/// A pod killed in the middle of a formation comes back and the formation completes.
+async fn bootstrap_survives_a_pod_killed_midway(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    // Kill pod 1 as soon as it has prepared (written its marker), before the cluster forms.
+    let marker = set.pod(1).data_dir.join("member/steward/formation.json");
+    wait_for(Duration::from_secs(30), "pod 1 to prepare", || async {
+        marker.exists()
+    })
+    .await;
+    set.kill(1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    set.start(1);
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let cid = set.cluster_id(0).await;
+    for o in 1..3 {
+        assert_eq!(set.cluster_id(o).await, cid);
+    }
+    set.put_keys("k", 5).await;
+    set.shutdown().await;
+}
+
+async fn restart_keeps_member_id_and_data(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 50).await;
+    let id = set.member_id(1).await;
+    set.kill(1).await;
+    set.start(1);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    assert_eq!(set.member_id(1).await, id, "same member ID after a restart");
+    assert_eq!(set.count_keys_on(1, "k/").await, 50);
+    assert_eq!(set.decisions(1).last().map(String::as_str), Some("restart"));
+    set.shutdown().await;
+}
+
+/// A wiped volume never comes back with its old member ID: it rejoins as a new learner.
+async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 200).await;
+    let old = set.member_id(2).await;
+    set.kill(2).await;
+    set.wipe(2);
+    set.start(2);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    let new = set.member_id(2).await;
+    assert_ne!(new, old, "an empty member must not reuse its old member ID");
+    let members = set.members(0).await.unwrap();
+    assert!(
+        members.iter().all(|m| m.id() != old),
+        "the stale entry is gone"
+    );
+    assert_eq!(
+        set.count_keys_on(2, "k/").await,
+        200,
+        "all keys replicated to the new member"
+    );
+    let decisions = set.decisions(2);
+    assert!(
+        decisions.contains(&"replace".into()) && decisions.contains(&"resume".into()),
+        "{decisions:?}"
+    );
+    let metrics = set.http(2, "/metrics").await.unwrap().1;
+    assert!(
+        metrics.contains("etcd_steward_promotions_total 1"),
+        "{metrics}"
+    );
+    set.shutdown().await;
+}
+
+async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 100).await;
+    let cid = set.cluster_id(0).await;
+    for o in 0..3 {
+        set.kill(o).await;
+    }
+    for o in [2, 0, 1] {
+        set.start(o);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    for o in 0..3 {
+        assert_eq!(set.cluster_id(o).await, cid, "pod {o} kept the cluster ID");
+        assert_eq!(set.count_keys_on(o, "k/").await, 100);
+    }
+    set.shutdown().await;
+}
+
+/// An empty volume while the majority is down: wait, never a new cluster.
+async fn empty_member_waits_while_majority_is_down(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 20).await;
+    let cid = set.cluster_id(0).await;
+    for o in 0..3 {
+        set.kill(o).await;
+    }
+    set.wipe(0);
+    // Peers 1 and 2 have their sidecars up (their etcd is down): their data must hold pod 0 back.
+    set.set_dns(1, true);
+    set.set_dns(2, true);
+    set.start_sidecar(1);
+    set.start_sidecar(2);
+    let earlier = set.decisions(0).len();
+    set.start(0);
+    let decision = set.dry_run(0).await;
+    assert_eq!(decision["action"], "wait", "{decision}");
+    assert!(
+        decision["reason"].as_str().unwrap().contains("etcd-1"),
+        "{decision}"
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        !has_wal(&set.pod(0).data_dir),
+        "pod 0 started no etcd: {}",
+        set.dump()
+    );
+    assert!(set.init_running(0), "init keeps waiting");
+    let since = set.decisions(0).split_off(earlier);
+    assert!(
+        !since.is_empty() && since.iter().all(|d| d == "wait"),
+        "{since:?}"
+    );
+    // The rest come back: one cluster, the old one, with all its data.
+    set.start_init(1);
+    set.start_init(2);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    for o in 0..3 {
+        assert_eq!(set.cluster_id(o).await, cid);
+    }
+    assert_eq!(set.count_keys_on(0, "k/").await, 20);
+    set.shutdown().await;
+}
+
+async fn scale_up_from_three_to_five(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 30).await;
+    set.add_pod(3);
+    set.add_pod(4);
+    set.start(3);
+    set.start(4);
+    set.wait_ready(&[0, 1, 2, 3, 4], 5, Duration::from_secs(150))
+        .await;
+    assert_eq!(set.count_keys_on(4, "k/").await, 30);
+    assert!(set.decisions(3).contains(&"join".into()));
+    set.shutdown().await;
+}
+
+/// An earlier init died right after MemberAdd: the learner entry is reused, not duplicated.
+async fn crashed_attempts_learner_entry_is_resumed(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.add_pod(3);
+    let entry = set.add_learner_entry(0, 3).await;
+    set.start(3);
+    set.wait_ready(&[0, 1, 2, 3], 4, HEAL).await;
+    assert_eq!(
+        set.member_id(3).await,
+        entry,
+        "the existing learner entry was resumed"
+    );
+    assert_eq!(set.decisions(3).last().map(String::as_str), Some("resume"));
+    set.shutdown().await;
+}
+
+/// A learner that never starts is removed by the leader's sidecar, so the next join goes on.
+async fn dead_learner_does_not_block_the_next_join(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    set.stall_timeout = "6s".into();
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.add_pod(3);
+    set.add_pod(4);
+    let dead = set.add_learner_entry(0, 3).await;
+    set.start(4);
+    set.wait_ready(&[0, 1, 2, 4], 4, HEAL).await;
+    let members = set.members(0).await.unwrap();
+    assert!(
+        members.iter().all(|m| m.id() != dead),
+        "the dead learner was removed"
+    );
+    let removed: usize = (0..3)
+        .map(|o| {
+            set.logs(o)
+                .matches("removed a learner that did not start")
+                .count()
+        })
+        .sum();
+    assert!(removed >= 1, "a leader's sidecar logged the removal");
+    set.shutdown().await;
+}
+
+/// Liveness never depends on quorum; readiness does.
+async fn health_during_quorum_loss(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.kill(1).await;
+    set.kill(2).await;
+    wait_for_or(
+        Duration::from_secs(30),
+        "pod 0 to report not ready",
+        || async { !set.ready(0).await },
+        || set.dump(),
+    )
+    .await;
+    let (code, body) = set.http(0, "/ready").await.unwrap();
+    assert_eq!(code, 503);
+    assert!(
+        body.contains("leader") || body.contains("linearizable"),
+        "{body}"
+    );
+    assert_eq!(
+        set.http(0, "/healthz").await.unwrap().0,
+        200,
+        "alive without quorum"
+    );
+    // A member restarted without quorum serves no client requests at all, and is still alive.
+    set.kill_etcd(0).await;
+    set.start_init(0);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (code, body) = set.http(0, "/healthz").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(set.http(0, "/ready").await.unwrap().0, 503);
+    set.start(1);
+    set.start(2);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.shutdown().await;
+}
+
+/// A writer records every write etcd acknowledged while pods are killed and wiped; at the
+/// end every acknowledged write is readable.
+async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
+    use std::sync::{Arc, Mutex};
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let acked = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for o in 0..3 {
+        let opts = set.client_options(Duration::from_secs(2));
+        clients.push(
+            etcd_client::Client::connect([set.client_addr(o)], Some(opts))
+                .await
+                .unwrap(),
+        );
+    }
+    let writer = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0u32;
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let c = &mut clients[n % 3];
+                if c.put(format!("w/{i:06}"), i.to_string(), None)
+                    .await
+                    .is_ok()
+                {
+                    acked.lock().unwrap().push(i);
+                    i += 1;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    set.kill(1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    set.start(1);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.kill(2).await;
+    set.wipe(2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set.start(2);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.await.unwrap();
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 50,
+        "the writer made progress: {} writes",
+        acked.len()
+    );
+    let mut c = set.any_client().await;
+    let got = c
+        .get("w/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let present: std::collections::BTreeSet<String> = got
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect();
+    let lost: Vec<u32> = acked
+        .iter()
+        .copied()
+        .filter(|i| !present.contains(&format!("w/{i:06}")))
+        .collect();
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    for o in 0..3 {
+        assert!(
+            set.count_keys_on(o, "w/").await >= acked.len() as i64,
+            "pod {o} has every write"
+        );
+    }
+    set.shutdown().await;
+}
+
+/// With etcd's RBAC authentication on, membership calls are made as the configured user:
+/// a wiped member still rejoins as a learner and is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_works_with_etcd_authentication() {
+    let mut set = Set::new(Etcd::V3_5, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 20).await;
+    let mut c = set.any_client().await;
+    c.user_add("root", "s3cret", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.auth_enable().await.unwrap();
+    let password = set.root.path().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    set.extra_args = vec![
+        "--auth-username=root".into(),
+        format!("--auth-password-file={}", password.display()),
+    ];
+    // The sidecars get the credentials (a rolling change of their options).
+    for o in 0..3 {
+        set.kill_sidecar(o).await;
+        set.start_sidecar(o);
+    }
+    let old = {
+        let opts = set
+            .client_options(Duration::from_secs(2))
+            .with_user("root", "s3cret");
+        let mut c = etcd_client::Client::connect([set.client_addr(2)], Some(opts))
+            .await
+            .unwrap();
+        c.status().await.unwrap().header().unwrap().member_id()
+    };
+    set.kill(2).await;
+    set.wipe(2);
+    set.start(2);
+    let opts = set
+        .client_options(Duration::from_secs(2))
+        .with_user("root", "s3cret");
+    let addr = set.client_addr(0);
+    wait_for_or(
+        HEAL,
+        "etcd-2 to rejoin as a new voter under authentication",
+        || async {
+            let Ok(mut c) = etcd_client::Client::connect([addr.as_str()], Some(opts.clone())).await
+            else {
+                return false;
+            };
+            let Ok(list) = c.member_list().await else {
+                return false;
+            };
+            let ms = list.members();
+            ms.len() == 3
+                && ms
+                    .iter()
+                    .all(|m| !m.is_learner() && !m.client_urls().is_empty())
+                && ms.iter().all(|m| m.id() != old)
+        },
+        || set.dump(),
+    )
+    .await;
+    wait_for_or(
+        HEAL,
+        "etcd-2 ready",
+        || async { set.ready(2).await },
+        || set.dump(),
+    )
+    .await;
+    set.shutdown().await;
+}
+
+scenarios!(
+    acknowledged_writes_survive_kills_and_wipes,
+    fresh_bootstrap_together,
+    fresh_bootstrap_staggered,
+    bootstrap_survives_a_pod_killed_midway,
+    restart_keeps_member_id_and_data,
+    wiped_member_rejoins_as_learner_with_new_id,
+    full_restart_in_any_order_keeps_cluster_id,
+    empty_member_waits_while_majority_is_down,
+    scale_up_from_three_to_five,
+    crashed_attempts_learner_entry_is_resumed,
+    dead_learner_does_not_block_the_next_join,
+    health_during_quorum_loss,
+);

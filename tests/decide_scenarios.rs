@@ -1,0 +1,1407 @@
+//! Scenarios for the pure `decide`: one test per situation a pod can find itself in,
+//! named after what it proves, and property tests for the rules that keep data safe.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use etcd_steward::cluster::MemberInfo;
+use etcd_steward::datadir::{DataDirState, WalState};
+use etcd_steward::decide::{
+    decide, Action, BootstrapStep, ClusterFacts, ClusterView, Decision, Facts, PeerFacts,
+    SetAsideWhy,
+};
+use etcd_steward::dns::Lookup;
+use etcd_steward::report::{Formation, PeerReport, WalIdentity};
+
+// ---------------------------------------------------------------------------------------
+// Small constructors: a three-pod set `etcd` in namespace `default`.
+// ---------------------------------------------------------------------------------------
+
+const REPLICAS: u32 = 3;
+const CLUSTER: u64 = 0xc1a5_7e55;
+const OTHER_CLUSTER: u64 = 0xf0_4e16;
+
+fn pod(o: u32) -> String {
+    format!("etcd-{o}")
+}
+
+fn host(o: u32) -> String {
+    format!("etcd-{o}.etcd.default.svc.cluster.local")
+}
+
+fn peer_url(o: u32) -> String {
+    format!("http://{}:2380", host(o))
+}
+
+fn initial_cluster(replicas: u32) -> String {
+    (0..replicas)
+        .map(|o| format!("{}={}", pod(o), peer_url(o)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn ip(o: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 0, 10 + o as u8))
+}
+
+fn found(o: u32) -> Lookup {
+    Lookup::Found(vec![ip(o)])
+}
+
+fn empty_dir() -> DataDirState {
+    DataDirState {
+        wal: WalState::None,
+        formation: None,
+        notes: vec![],
+    }
+}
+
+fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
+    DataDirState {
+        wal: WalState::Present(Ok(WalIdentity {
+            member_id,
+            cluster_id,
+        })),
+        formation: None,
+        notes: vec![],
+    }
+}
+
+fn unreadable_wal() -> DataDirState {
+    DataDirState {
+        wal: WalState::Present(Err(
+            "member/wal/0.wal: WAL ends inside a record frame".into()
+        )),
+        formation: None,
+        notes: vec![],
+    }
+}
+
+fn marker(nonce: &str) -> Formation {
+    Formation {
+        nonce: nonce.into(),
+        initial_cluster: initial_cluster(REPLICAS),
+        token: None,
+    }
+}
+
+fn marker_with_token(nonce: &str, token: &str) -> Formation {
+    Formation {
+        token: Some(token.into()),
+        ..marker(nonce)
+    }
+}
+
+fn empty_report(o: u32) -> PeerReport {
+    PeerReport {
+        name: pod(o),
+        has_data: false,
+        wal: None,
+        wal_error: None,
+        formation: None,
+    }
+}
+
+/// A peer whose DNS name resolves and whose sidecar answered `report`.
+fn answering(o: u32, report: PeerReport) -> PeerFacts {
+    PeerFacts {
+        ordinal: o,
+        name: pod(o),
+        dns: found(o),
+        report: Some(Ok(report)),
+    }
+}
+
+fn empty_peer(o: u32) -> PeerFacts {
+    answering(o, empty_report(o))
+}
+
+fn prepared_peer(o: u32, nonce: &str) -> PeerFacts {
+    answering(
+        o,
+        PeerReport {
+            formation: Some(marker(nonce)),
+            ..empty_report(o)
+        },
+    )
+}
+
+/// A peer whose etcd already started: its volume holds a WAL and its formation marker.
+fn started_peer(o: u32, member_id: u64, formation: Option<Formation>) -> PeerFacts {
+    answering(
+        o,
+        PeerReport {
+            has_data: true,
+            wal: Some(WalIdentity {
+                member_id,
+                cluster_id: CLUSTER,
+            }),
+            formation,
+            ..empty_report(o)
+        },
+    )
+}
+
+fn unpublished_peer(o: u32) -> PeerFacts {
+    PeerFacts {
+        ordinal: o,
+        name: pod(o),
+        dns: Lookup::NotFound,
+        report: None,
+    }
+}
+
+fn member(id: u64, o: u32, name: &str, is_learner: bool) -> MemberInfo {
+    MemberInfo {
+        id,
+        name: name.into(),
+        peer_urls: vec![peer_url(o)],
+        client_urls: if name.is_empty() {
+            vec![]
+        } else {
+            vec![format!("http://{}:2379", host(o))]
+        },
+        is_learner,
+    }
+}
+
+fn started_voter(id: u64, o: u32) -> MemberInfo {
+    member(id, o, &pod(o), false)
+}
+
+fn healthy(members: Vec<MemberInfo>) -> ClusterFacts {
+    ClusterFacts::Healthy(ClusterView {
+        source: host(0),
+        source_ip: ip(0),
+        cluster_id: CLUSTER,
+        leader: 0xa0,
+        members,
+    })
+}
+
+/// Voters `etcd-0` (0xa0) and `etcd-2` (0xa2), both started; no member for `etcd-1`.
+fn healthy_without_us() -> ClusterFacts {
+    healthy(vec![started_voter(0xa0, 0), started_voter(0xa2, 2)])
+}
+
+fn healthy_with(ours: MemberInfo) -> ClusterFacts {
+    healthy(vec![started_voter(0xa0, 0), ours, started_voter(0xa2, 2)])
+}
+
+fn not_reached() -> ClusterFacts {
+    ClusterFacts::NotReached {
+        tried: vec![
+            format!("{}: connection refused", host(0)),
+            format!("{}: connection refused", host(2)),
+        ],
+    }
+}
+
+/// Pod `etcd-1` of three, empty volume, own name published, no cluster answered, and
+/// both other initial pods answering with empty volumes and no marker.
+fn facts() -> Facts {
+    facts_for(1)
+}
+
+fn facts_for(ordinal: u32) -> Facts {
+    Facts {
+        ordinal,
+        name: pod(ordinal),
+        peer_url: peer_url(ordinal),
+        replicas: REPLICAS,
+        initial_cluster: initial_cluster(REPLICAS),
+        data: empty_dir(),
+        own_dns: found(ordinal),
+        cluster: not_reached(),
+        peers: (0..REPLICAS)
+            .filter(|o| *o != ordinal)
+            .map(empty_peer)
+            .collect(),
+        fresh_nonce: "fresh".into(),
+    }
+}
+
+fn with_marker(mut f: Facts, formation: Formation) -> Facts {
+    f.data.formation = Some(formation);
+    f
+}
+
+fn with_peer(mut f: Facts, peer: PeerFacts) -> Facts {
+    f.peers.retain(|p| p.ordinal != peer.ordinal);
+    f.peers.push(peer);
+    f
+}
+
+#[track_caller]
+fn assert_reason(d: &Decision, needles: &[&str]) {
+    for n in needles {
+        assert!(
+            d.reason.contains(n),
+            "reason of {:?} should mention {n:?}: {}",
+            d.action,
+            d.reason
+        );
+    }
+}
+
+#[track_caller]
+fn assert_waits(d: &Decision, needles: &[&str]) {
+    assert_eq!(d.action, Action::Wait, "{}", d.reason);
+    assert_reason(d, needles);
+}
+
+#[track_caller]
+fn assert_starts(d: &Decision, formation: Formation) {
+    assert_eq!(
+        d.action,
+        Action::Bootstrap {
+            step: BootstrapStep::Start,
+            formation
+        },
+        "{}",
+        d.reason
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The volume holds data: only restart or set-aside, never a membership change.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn data_present_and_no_cluster_reached_restarts() {
+    let f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Restart);
+    assert_reason(&d, &["no live cluster"]);
+}
+
+#[test]
+fn data_present_and_no_cluster_restarts_even_when_every_peer_is_unreachable() {
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        ..facts()
+    };
+    f.peers = vec![unpublished_peer(0), unpublished_peer(2)];
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn data_of_a_member_the_healthy_cluster_lists_restarts() {
+    let f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Restart);
+    assert_reason(&d, &["a1", "lists"]);
+}
+
+#[test]
+fn data_of_another_cluster_is_set_aside_as_foreign() {
+    let f = Facts {
+        data: wal_of(0xa1, OTHER_CLUSTER),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::SetAside {
+            why: SetAsideWhy::ForeignCluster
+        }
+    );
+    assert_eq!(SetAsideWhy::ForeignCluster.slug(), "foreign-cluster");
+    assert_reason(
+        &d,
+        &[&format!("{OTHER_CLUSTER:x}"), &format!("{CLUSTER:x}")],
+    );
+}
+
+#[test]
+fn data_of_a_member_no_longer_listed_is_set_aside_as_removed() {
+    let f = Facts {
+        data: wal_of(0xdead, CLUSTER),
+        cluster: healthy_without_us(),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::SetAside {
+            why: SetAsideWhy::RemovedMember
+        }
+    );
+    assert_eq!(SetAsideWhy::RemovedMember.slug(), "removed-member");
+    assert_reason(&d, &["dead", "removed"]);
+}
+
+#[test]
+fn data_of_a_removed_member_is_set_aside_even_if_a_new_member_holds_our_url() {
+    // Our old member 0xdead was removed and a new entry for our URL was added since:
+    // the WAL's member ID decides, not the URL.
+    let f = Facts {
+        data: wal_of(0xdead, CLUSTER),
+        cluster: healthy_with(member(0xbeef, 1, "", true)),
+        ..facts()
+    };
+    assert_eq!(
+        decide(&f).action,
+        Action::SetAside {
+            why: SetAsideWhy::RemovedMember
+        }
+    );
+}
+
+#[test]
+fn unreadable_wal_with_our_peer_url_listed_restarts() {
+    let f = Facts {
+        data: unreadable_wal(),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Restart);
+    assert_reason(&d, &["could not be read", "lists this pod's peer URL"]);
+}
+
+#[test]
+fn unreadable_wal_not_listed_is_set_aside_as_not_a_member() {
+    let f = Facts {
+        data: unreadable_wal(),
+        cluster: healthy_without_us(),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::SetAside {
+            why: SetAsideWhy::NotAMember
+        }
+    );
+    assert_eq!(SetAsideWhy::NotAMember.slug(), "not-a-member");
+    assert_reason(&d, &["no member at this pod's peer URL"]);
+}
+
+#[test]
+fn unreadable_wal_listed_only_by_name_is_set_aside() {
+    // Data is matched by peer URL: a member named like us at another URL is not ours.
+    let mut elsewhere = started_voter(0xa1, 1);
+    elsewhere.peer_urls = vec!["http://10.9.9.9:2380".into()];
+    let f = Facts {
+        data: unreadable_wal(),
+        cluster: healthy_with(elsewhere),
+        ..facts()
+    };
+    assert_eq!(
+        decide(&f).action,
+        Action::SetAside {
+            why: SetAsideWhy::NotAMember
+        }
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Empty volume, healthy cluster: join, resume a never-started entry, or replace.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn empty_dir_and_healthy_cluster_without_us_joins() {
+    let f = Facts {
+        cluster: healthy_without_us(),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Join);
+    assert_reason(&d, &[&format!("{CLUSTER:x}"), "learner"]);
+}
+
+#[test]
+fn empty_dir_listed_as_never_started_learner_resumes_it() {
+    let f = Facts {
+        cluster: healthy_with(member(0xb1, 1, "", true)),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Resume { member_id: 0xb1 });
+    assert_reason(&d, &["b1", "never started"]);
+}
+
+#[test]
+fn empty_dir_with_stale_started_learner_is_replaced() {
+    let stale = member(0xb1, 1, "etcd-1", true);
+    let f = Facts {
+        cluster: healthy_with(stale.clone()),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Replace { stale });
+    assert_reason(&d, &["learner b1", "never with the old member ID"]);
+}
+
+#[test]
+fn empty_dir_with_stale_member_is_replaced() {
+    let stale = started_voter(0xa1, 1);
+    let f = Facts {
+        cluster: healthy_with(stale.clone()),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Replace { stale });
+    assert_reason(&d, &["voter a1", "never with the old member ID"]);
+}
+
+#[test]
+fn empty_dir_with_started_member_is_replaced_even_with_our_formation_marker() {
+    // The marker proves we took part in forming the cluster, but the member started and
+    // its log is gone with the old volume: reusing its ID would fake a log we lack.
+    let stale = started_voter(0xa1, 1);
+    let f = with_marker(
+        Facts {
+            cluster: healthy_with(stale.clone()),
+            ..facts()
+        },
+        marker_with_token("n1", "n0.n1.n2"),
+    );
+    assert_eq!(decide(&f).action, Action::Replace { stale });
+}
+
+#[test]
+fn empty_dir_with_stale_member_found_by_name_at_another_url_is_replaced() {
+    let mut stale = started_voter(0xa1, 1);
+    stale.peer_urls = vec!["http://10.9.9.9:2380".into()];
+    let f = Facts {
+        cluster: healthy_with(stale.clone()),
+        ..facts()
+    };
+    assert_eq!(decide(&f).action, Action::Replace { stale });
+}
+
+#[test]
+fn never_started_voter_with_our_formation_marker_resumes() {
+    let f = with_marker(
+        Facts {
+            cluster: healthy_with(member(0xa1, 1, "", false)),
+            ..facts()
+        },
+        marker_with_token("n1", "n0.n1.n2"),
+    );
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Resume { member_id: 0xa1 });
+    assert_reason(&d, &["a1", "formation", "marker"]);
+}
+
+#[test]
+fn formation_voter_named_by_initial_cluster_but_never_started_resumes_with_our_marker() {
+    // Members created by --initial-cluster carry their names from the start; only their
+    // client URLs show whether they ever ran. A pod that slept through its own formation
+    // must come back as that member, not remove it.
+    let mut m = started_voter(0xb2, 1);
+    m.client_urls.clear();
+    let f = with_marker(
+        Facts {
+            cluster: healthy_with(m),
+            ..facts()
+        },
+        marker("n1"),
+    );
+    assert_eq!(decide(&f).action, Action::Resume { member_id: 0xb2 });
+}
+
+#[test]
+fn never_started_voter_without_our_formation_marker_is_replaced() {
+    let stale = member(0xa1, 1, "", false);
+    let f = Facts {
+        cluster: healthy_with(stale.clone()),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(d.action, Action::Replace { stale });
+    assert_reason(&d, &["voter a1"]);
+}
+
+#[test]
+fn healthy_cluster_never_leads_to_bootstrap_even_with_our_token() {
+    let f = with_marker(
+        Facts {
+            cluster: healthy_without_us(),
+            ..facts()
+        },
+        marker_with_token("n1", "n0.n1.n2"),
+    );
+    assert_eq!(decide(&f).action, Action::Join);
+}
+
+// ---------------------------------------------------------------------------------------
+// Empty volume, no cluster: form one only with proof that none exists.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn every_initial_peer_empty_and_no_marker_prepares_a_formation() {
+    let d = decide(&facts());
+    assert_eq!(
+        d.action,
+        Action::Bootstrap {
+            step: BootstrapStep::Prepare,
+            formation: Formation {
+                nonce: "fresh".into(),
+                initial_cluster: initial_cluster(REPLICAS),
+                token: None,
+            },
+        }
+    );
+    assert_reason(&d, &["every initial peer answered with an empty volume"]);
+}
+
+#[test]
+fn a_single_pod_set_prepares_without_any_peer() {
+    let mut f = facts_for(0);
+    f.replicas = 1;
+    f.initial_cluster = initial_cluster(1);
+    f.peers = vec![];
+    assert!(matches!(
+        decide(&f).action,
+        Action::Bootstrap {
+            step: BootstrapStep::Prepare,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_initial_peer_whose_dns_is_not_published_makes_us_wait() {
+    let f = with_peer(facts(), unpublished_peer(2));
+    assert_waits(&decide(&f), &["etcd-2", "not published"]);
+}
+
+#[test]
+fn an_initial_peer_whose_dns_lookup_fails_makes_us_wait() {
+    let f = with_peer(
+        facts(),
+        PeerFacts {
+            dns: Lookup::Failed("SERVFAIL".into()),
+            report: None,
+            ..empty_peer(0)
+        },
+    );
+    assert_waits(&decide(&f), &["etcd-0", "SERVFAIL"]);
+}
+
+#[test]
+fn an_initial_peer_whose_sidecar_does_not_answer_makes_us_wait() {
+    let f = with_peer(
+        facts(),
+        PeerFacts {
+            report: Some(Err("connection refused".into())),
+            ..empty_peer(2)
+        },
+    );
+    assert_waits(&decide(&f), &["etcd-2", "connection refused"]);
+}
+
+#[test]
+fn an_initial_peer_not_asked_makes_us_wait() {
+    let f = with_peer(
+        facts(),
+        PeerFacts {
+            report: None,
+            ..empty_peer(0)
+        },
+    );
+    assert_waits(&decide(&f), &["etcd-0", "not asked"]);
+}
+
+#[test]
+fn an_unreachable_peer_blocks_the_start_of_a_prepared_formation_too() {
+    let f = with_peer(
+        with_marker(with_peer(facts(), prepared_peer(0, "n0")), marker("n1")),
+        PeerFacts {
+            report: Some(Err("timed out".into())),
+            ..prepared_peer(2, "n2")
+        },
+    );
+    assert_waits(&decide(&f), &["etcd-2", "timed out"]);
+}
+
+#[test]
+fn a_later_pod_not_yet_published_does_not_block_formation() {
+    // etcd-3 is beyond the initial size: its absence is normal during a first start.
+    let f = with_peer(facts(), unpublished_peer(3));
+    assert!(matches!(
+        decide(&f).action,
+        Action::Bootstrap {
+            step: BootstrapStep::Prepare,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_later_pod_holding_data_makes_us_wait() {
+    let f = with_peer(facts(), started_peer(3, 0xa3, None));
+    assert_waits(&decide(&f), &["etcd-3", "a3"]);
+}
+
+#[test]
+fn a_peer_with_data_makes_us_wait_when_we_have_no_marker() {
+    // Its etcd is down (no cluster answered), but its WAL proves a cluster exists.
+    let f = with_peer(
+        facts(),
+        started_peer(0, 0xa0, Some(marker_with_token("x", "x.y.z"))),
+    );
+    let d = decide(&f);
+    assert_waits(
+        &d,
+        &["etcd-0", "member a0", &format!("cluster {CLUSTER:x}")],
+    );
+    assert!(matches!(f.cluster, ClusterFacts::NotReached { .. }));
+}
+
+#[test]
+fn a_peer_with_unreadable_wal_makes_us_wait() {
+    let f = with_peer(
+        facts(),
+        answering(
+            2,
+            PeerReport {
+                has_data: true,
+                wal_error: Some("garbage".into()),
+                ..empty_report(2)
+            },
+        ),
+    );
+    assert_waits(&decide(&f), &["etcd-2 (WAL unreadable)"]);
+}
+
+#[test]
+fn every_initial_pod_prepared_alike_starts_with_nonces_in_ordinal_order() {
+    // Peers listed out of order: the token follows ordinals, not the list.
+    let mut f = with_marker(facts(), marker("n1"));
+    f.peers = vec![prepared_peer(2, "n2"), prepared_peer(0, "n0")];
+    let d = decide(&f);
+    assert_starts(&d, marker_with_token("n1", "n0.n1.n2"));
+    assert_reason(&d, &["n0.n1.n2"]);
+}
+
+#[test]
+fn the_token_is_the_same_whichever_pod_computes_it() {
+    let tokens: Vec<Action> = (0..REPLICAS)
+        .map(|me| {
+            let mut f = with_marker(facts_for(me), marker(&format!("n{me}")));
+            f.peers = (0..REPLICAS)
+                .filter(|o| *o != me)
+                .map(|o| prepared_peer(o, &format!("n{o}")))
+                .collect();
+            decide(&f).action
+        })
+        .collect();
+    for (me, action) in tokens.iter().enumerate() {
+        assert_eq!(
+            *action,
+            Action::Bootstrap {
+                step: BootstrapStep::Start,
+                formation: marker_with_token(&format!("n{me}"), "n0.n1.n2"),
+            }
+        );
+    }
+}
+
+#[test]
+fn a_peer_prepared_with_a_different_initial_cluster_makes_us_wait() {
+    let other = Formation {
+        nonce: "n2".into(),
+        initial_cluster: initial_cluster(5),
+        token: None,
+    };
+    let f = with_peer(
+        with_marker(with_peer(facts(), prepared_peer(0, "n0")), marker("n1")),
+        answering(
+            2,
+            PeerReport {
+                formation: Some(other),
+                ..empty_report(2)
+            },
+        ),
+    );
+    let d = decide(&f);
+    assert_waits(&d, &["etcd-2", "different initial cluster", "etcd-4="]);
+}
+
+#[test]
+fn an_unprepared_peer_makes_us_wait() {
+    let f = with_marker(with_peer(facts(), prepared_peer(0, "n0")), marker("n1"));
+    let d = decide(&f);
+    assert_waits(&d, &["waiting for etcd-2 to prepare"]);
+    assert!(!d.reason.contains("etcd-0"), "{}", d.reason);
+}
+
+#[test]
+fn our_marker_with_a_token_starts_with_it() {
+    // We already decided to start; peers may be gone meanwhile (they started etcd, which
+    // is not answering yet, or they restart): the decision stands.
+    let mut f = with_marker(facts(), marker_with_token("n1", "n0.n1.n2"));
+    f.peers = vec![unpublished_peer(0), unpublished_peer(2)];
+    let d = decide(&f);
+    assert_starts(&d, marker_with_token("n1", "n0.n1.n2"));
+    assert_reason(&d, &["n0.n1.n2"]);
+}
+
+#[test]
+fn a_peer_started_with_a_token_that_includes_our_nonce_lets_us_start_too() {
+    // A half-started formation: etcd-0 computed the token and started before we did.
+    let f = with_marker(
+        with_peer(
+            with_peer(
+                facts(),
+                started_peer(0, 0xa0, Some(marker_with_token("n0", "n0.n1.n2"))),
+            ),
+            prepared_peer(2, "n2"),
+        ),
+        marker("n1"),
+    );
+    let d = decide(&f);
+    assert_starts(&d, marker_with_token("n1", "n0.n1.n2"));
+    assert_reason(&d, &["etcd-0", "n0.n1.n2"]);
+}
+
+#[test]
+fn a_half_started_formation_is_recognised_even_if_another_peer_is_unreachable() {
+    let f = with_marker(
+        with_peer(
+            with_peer(
+                facts(),
+                started_peer(0, 0xa0, Some(marker_with_token("n0", "n0.n1.n2"))),
+            ),
+            unpublished_peer(2),
+        ),
+        marker("n1"),
+    );
+    assert_starts(&decide(&f), marker_with_token("n1", "n0.n1.n2"));
+}
+
+#[test]
+fn a_peer_started_with_a_token_without_our_nonce_makes_us_wait() {
+    let f = with_marker(
+        with_peer(
+            facts(),
+            started_peer(0, 0xa0, Some(marker_with_token("n0", "n0.old.n2"))),
+        ),
+        marker("n1"),
+    );
+    assert_waits(&decide(&f), &["etcd-0", "did not form with"]);
+}
+
+#[test]
+fn a_peer_started_with_our_nonce_at_another_ordinal_makes_us_wait() {
+    let f = with_marker(
+        with_peer(
+            facts(),
+            started_peer(0, 0xa0, Some(marker_with_token("n0", "n0.n2.n1"))),
+        ),
+        marker("n1"),
+    );
+    assert_waits(&decide(&f), &["etcd-0"]);
+}
+
+#[test]
+fn a_peer_started_with_our_nonce_but_another_initial_cluster_makes_us_wait() {
+    let theirs = Formation {
+        initial_cluster: initial_cluster(5),
+        ..marker_with_token("n0", "n0.n1.n2.n3.n4")
+    };
+    let f = with_marker(
+        with_peer(facts(), started_peer(0, 0xa0, Some(theirs))),
+        marker("n1"),
+    );
+    assert_waits(&decide(&f), &["etcd-0"]);
+}
+
+#[test]
+fn one_started_peer_without_our_nonce_makes_us_wait_even_if_another_has_it() {
+    let f = with_marker(
+        with_peer(
+            with_peer(
+                facts(),
+                started_peer(0, 0xa0, Some(marker_with_token("n0", "n0.n1.n2"))),
+            ),
+            started_peer(2, 0xa2, None),
+        ),
+        marker("n1"),
+    );
+    assert_waits(&decide(&f), &["etcd-2"]);
+}
+
+#[test]
+fn our_marker_prepared_for_another_initial_cluster_is_prepared_afresh() {
+    // Prepared as one of five; the set was then scaled to three before every pod
+    // prepared. Pods 0-2 all hold the five-member marker, so they agree with each other,
+    // but starting would form a five-voter cluster with two voters that never exist: no
+    // fault tolerance, and nothing says why.
+    let five = Formation {
+        initial_cluster: initial_cluster(5),
+        ..marker("n1")
+    };
+    let peer_five = |o: u32| {
+        answering(
+            o,
+            PeerReport {
+                formation: Some(Formation {
+                    nonce: format!("n{o}"),
+                    ..five.clone()
+                }),
+                ..empty_report(o)
+            },
+        )
+    };
+    let mut f = with_marker(facts(), five.clone());
+    f.peers = vec![peer_five(0), peer_five(2)];
+    let d = decide(&f);
+    assert!(
+        !matches!(
+            d.action,
+            Action::Bootstrap {
+                step: BootstrapStep::Start,
+                ..
+            }
+        ),
+        "started with {:?}: {}",
+        d.action,
+        d.reason
+    );
+    match &d.action {
+        Action::Bootstrap {
+            step: BootstrapStep::Prepare,
+            formation,
+        } => {
+            assert_eq!(
+                formation.initial_cluster, f.initial_cluster,
+                "prepared for the configured size"
+            );
+        }
+        other => panic!("expected a fresh prepare, got {other:?}: {}", d.reason),
+    }
+}
+
+#[test]
+fn an_ordinal_beyond_the_initial_size_waits_when_no_cluster_answers() {
+    let mut f = facts_for(3);
+    f.peers = (0..REPLICAS).map(empty_peer).collect();
+    let d = decide(&f);
+    assert_waits(
+        &d,
+        &["ordinal 3", "initial cluster size 3", "connection refused"],
+    );
+}
+
+#[test]
+fn an_ordinal_beyond_the_initial_size_joins_a_healthy_cluster() {
+    let f = Facts {
+        cluster: healthy(vec![
+            started_voter(0xa0, 0),
+            started_voter(0xa1, 1),
+            started_voter(0xa2, 2),
+        ]),
+        ..facts_for(3)
+    };
+    assert_eq!(decide(&f).action, Action::Join);
+}
+
+// ---------------------------------------------------------------------------------------
+// Our own DNS name: etcd refuses to start before it resolves.
+// ---------------------------------------------------------------------------------------
+
+fn unpublished_self(f: Facts) -> Facts {
+    Facts {
+        own_dns: Lookup::NotFound,
+        ..f
+    }
+}
+
+#[track_caller]
+fn assert_held_back(f: Facts, decided: &str) {
+    let published = decide(&f);
+    assert_eq!(published.action.name(), decided, "{}", published.reason);
+    let d = decide(&unpublished_self(f));
+    assert_waits(
+        &d,
+        &[&host(1), "not published", &format!("decided: {decided}")],
+    );
+}
+
+#[test]
+fn own_dns_unpublished_holds_back_a_restart() {
+    assert_held_back(
+        Facts {
+            data: wal_of(0xa1, CLUSTER),
+            ..facts()
+        },
+        "restart",
+    );
+}
+
+#[test]
+fn own_dns_unpublished_holds_back_a_join() {
+    assert_held_back(
+        Facts {
+            cluster: healthy_without_us(),
+            ..facts()
+        },
+        "join",
+    );
+}
+
+#[test]
+fn own_dns_unpublished_holds_back_a_resume() {
+    assert_held_back(
+        Facts {
+            cluster: healthy_with(member(0xb1, 1, "", true)),
+            ..facts()
+        },
+        "resume",
+    );
+}
+
+#[test]
+fn own_dns_unpublished_holds_back_a_replace() {
+    assert_held_back(
+        Facts {
+            cluster: healthy_with(started_voter(0xa1, 1)),
+            ..facts()
+        },
+        "replace",
+    );
+}
+
+#[test]
+fn own_dns_unpublished_holds_back_a_bootstrap_start() {
+    assert_held_back(
+        with_marker(facts(), marker_with_token("n1", "n0.n1.n2")),
+        "bootstrap",
+    );
+}
+
+#[test]
+fn own_dns_failing_holds_back_a_join_and_says_why() {
+    let f = Facts {
+        cluster: healthy_without_us(),
+        own_dns: Lookup::Failed("i/o timeout".into()),
+        ..facts()
+    };
+    assert_waits(&decide(&f), &[&host(1), "i/o timeout", "decided: join"]);
+}
+
+#[test]
+fn own_dns_unpublished_does_not_hold_back_a_set_aside() {
+    let f = unpublished_self(Facts {
+        data: wal_of(0xa1, OTHER_CLUSTER),
+        cluster: healthy_without_us(),
+        ..facts()
+    });
+    assert_eq!(
+        decide(&f).action,
+        Action::SetAside {
+            why: SetAsideWhy::ForeignCluster
+        }
+    );
+}
+
+#[test]
+fn own_dns_unpublished_does_not_hold_back_a_bootstrap_prepare() {
+    let d = decide(&unpublished_self(facts()));
+    assert!(
+        matches!(
+            d.action,
+            Action::Bootstrap {
+                step: BootstrapStep::Prepare,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Invariants, over generated facts. Small alphabets (three nonces, three member IDs, two
+// cluster IDs) make the collisions that matter — our nonce in a peer's token, our member
+// ID in the list — common.
+// ---------------------------------------------------------------------------------------
+
+mod invariants {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NONCES: [&str; 3] = ["n0", "n1", "n2"];
+
+    fn nonce() -> impl Strategy<Value = String> {
+        prop::sample::select(NONCES.to_vec()).prop_map(String::from)
+    }
+
+    fn token() -> impl Strategy<Value = String> {
+        prop::collection::vec(nonce(), 1..=4).prop_map(|v| v.join("."))
+    }
+
+    fn formation() -> impl Strategy<Value = Formation> {
+        (
+            nonce(),
+            prop::sample::select(vec![2u32, 3, 4]),
+            prop::option::of(token()),
+        )
+            .prop_map(|(nonce, size, token)| Formation {
+                nonce,
+                initial_cluster: initial_cluster(size),
+                token,
+            })
+    }
+
+    fn wal_identity() -> impl Strategy<Value = WalIdentity> {
+        (
+            prop::sample::select(vec![0xa0u64, 0xa1, 0xa2]),
+            prop::sample::select(vec![CLUSTER, OTHER_CLUSTER]),
+        )
+            .prop_map(|(member_id, cluster_id)| WalIdentity {
+                member_id,
+                cluster_id,
+            })
+    }
+
+    fn wal_state() -> impl Strategy<Value = WalState> {
+        prop_oneof![
+            Just(WalState::None),
+            wal_identity().prop_map(|w| WalState::Present(Ok(w))),
+            Just(WalState::Present(Err("unreadable".into()))),
+        ]
+    }
+
+    fn data_dir() -> impl Strategy<Value = DataDirState> {
+        (wal_state(), prop::option::of(formation())).prop_map(|(wal, formation)| DataDirState {
+            wal,
+            formation,
+            notes: vec![],
+        })
+    }
+
+    fn lookup(o: u32) -> impl Strategy<Value = Lookup> {
+        prop_oneof![
+            4 => Just(found(o)),
+            1 => Just(Lookup::NotFound),
+            1 => Just(Lookup::Failed("SERVFAIL".into())),
+        ]
+    }
+
+    fn report(o: u32) -> impl Strategy<Value = PeerReport> {
+        (
+            any::<bool>(),
+            prop::option::of(wal_identity()),
+            prop::option::of(formation()),
+        )
+            .prop_map(move |(has_data, wal, formation)| PeerReport {
+                name: pod(o),
+                has_data,
+                // As `parse_report` enforces: no WAL identity without data.
+                wal: wal.filter(|_| has_data),
+                wal_error: None,
+                formation,
+            })
+    }
+
+    /// A peer as `observe` reports it: its sidecar is asked only when its name resolved.
+    fn peer(o: u32) -> impl Strategy<Value = PeerFacts> {
+        (
+            lookup(o),
+            prop_oneof![
+                4 => report(o).prop_map(Ok),
+                1 => Just(Err("connection refused".to_string())),
+            ],
+        )
+            .prop_map(move |(dns, report)| PeerFacts {
+                ordinal: o,
+                name: pod(o),
+                report: matches!(dns, Lookup::Found(_)).then_some(report),
+                dns,
+            })
+    }
+
+    /// At most one member per pod of four, with distinct IDs (as etcd guarantees).
+    fn members() -> impl Strategy<Value = Vec<MemberInfo>> {
+        (0u32..4)
+            .map(|o| {
+                prop::option::of((
+                    prop::sample::select(vec![0xa0 + u64::from(o), 0xb0 + u64::from(o)]),
+                    any::<bool>(),
+                    any::<bool>(),
+                ))
+                .prop_map(move |m| {
+                    m.map(|(id, started, is_learner)| {
+                        let name = if started { pod(o) } else { String::new() };
+                        member(id, o, &name, is_learner)
+                    })
+                })
+            })
+            .collect::<Vec<_>>()
+            .prop_map(|ms| ms.into_iter().flatten().collect())
+    }
+
+    fn cluster() -> impl Strategy<Value = ClusterFacts> {
+        prop_oneof![
+            members().prop_map(healthy),
+            Just(not_reached()),
+            Just(ClusterFacts::NotReached { tried: vec![] }),
+        ]
+    }
+
+    prop_compose! {
+        fn any_facts()(replicas in 1u32..=4, ordinal in 0u32..5)
+            (peers in (0..replicas.max(ordinal + 2))
+                .filter(|o| *o != ordinal)
+                .map(peer)
+                .collect::<Vec<_>>(),
+             data in data_dir(),
+             own_dns in lookup(ordinal),
+             cluster in cluster(),
+             fresh in nonce(),
+             replicas in Just(replicas),
+             ordinal in Just(ordinal))
+            -> Facts
+        {
+            Facts {
+                ordinal,
+                name: pod(ordinal),
+                peer_url: peer_url(ordinal),
+                replicas,
+                initial_cluster: initial_cluster(replicas),
+                data,
+                own_dns,
+                cluster,
+                peers,
+                fresh_nonce: fresh,
+            }
+        }
+    }
+
+    fn is_bootstrap(a: &Action) -> bool {
+        matches!(a, Action::Bootstrap { .. })
+    }
+
+    fn peer_reports(f: &Facts) -> impl Iterator<Item = &PeerReport> {
+        f.peers
+            .iter()
+            .filter_map(|p| p.report.as_ref().and_then(|r| r.as_ref().ok()))
+    }
+
+    /// Facts where this pod has no formation marker and some peer reports data.
+    fn a_peer_has_data_and_we_have_no_marker() -> impl Strategy<Value = Facts> {
+        (any_facts(), any::<prop::sample::Index>(), report(0)).prop_map(|(mut f, i, r)| {
+            f.data.formation = None;
+            let n = f.peers.len();
+            let p = &mut f.peers[i.index(n)];
+            p.dns = found(p.ordinal);
+            p.report = Some(Ok(PeerReport {
+                name: p.name.clone(),
+                has_data: true,
+                ..r
+            }));
+            f
+        })
+    }
+
+    /// How an initial peer can fail to answer for its volume.
+    fn unaccounted(p: &mut PeerFacts, how: u8) {
+        match how % 3 {
+            0 => {
+                p.dns = Lookup::NotFound;
+                p.report = None;
+            }
+            1 => {
+                p.dns = Lookup::Failed("SERVFAIL".into());
+                p.report = None;
+            }
+            _ => {
+                p.dns = found(p.ordinal);
+                p.report = Some(Err("connection refused".into()));
+            }
+        }
+    }
+
+    /// Facts where an initial peer did not answer and this pod has not settled on a token.
+    fn an_initial_peer_is_unaccounted_for() -> impl Strategy<Value = Facts> {
+        (any_facts(), any::<prop::sample::Index>(), any::<u8>()).prop_map(|(mut f, i, how)| {
+            if let Some(m) = f.data.formation.as_mut() {
+                m.token = None;
+            }
+            let replicas = f.replicas;
+            let mut initial: Vec<&mut PeerFacts> = f
+                .peers
+                .iter_mut()
+                .filter(|p| p.ordinal < replicas)
+                .collect();
+            if !initial.is_empty() {
+                let n = initial.len();
+                unaccounted(initial[i.index(n)], how);
+            }
+            f
+        })
+    }
+
+    fn peer_holds_a_token_with_our_nonce(f: &Facts) -> bool {
+        let Some(own) = f.data.formation.as_ref() else {
+            return false;
+        };
+        peer_reports(f).any(|r| {
+            r.formation
+                .as_ref()
+                .and_then(|pf| pf.token.as_deref())
+                .is_some_and(|t| t.split('.').nth(f.ordinal as usize) == Some(own.nonce.as_str()))
+        })
+    }
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 1024,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// The generator is only worth something if it reaches every kind of decision,
+    /// including the dangerous ones the invariants rule out elsewhere.
+    #[test]
+    fn generated_facts_reach_every_action() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        use std::collections::BTreeSet;
+
+        let mut runner = TestRunner::deterministic();
+        let strategy = any_facts();
+        let mut seen = BTreeSet::new();
+        for _ in 0..20_000 {
+            let Ok(tree) = strategy.new_tree(&mut runner) else {
+                continue;
+            };
+            let action = decide(&tree.current()).action;
+            seen.insert(match action {
+                Action::Bootstrap {
+                    step: BootstrapStep::Prepare,
+                    ..
+                } => "bootstrap-prepare",
+                Action::Bootstrap {
+                    step: BootstrapStep::Start,
+                    ..
+                } => "bootstrap-start",
+                Action::SetAside { why } => why.slug(),
+                other => other.name(),
+            });
+        }
+        let expected: BTreeSet<&str> = [
+            "restart",
+            "bootstrap-prepare",
+            "bootstrap-start",
+            "join",
+            "resume",
+            "replace",
+            "foreign-cluster",
+            "removed-member",
+            "not-a-member",
+            "wait",
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(seen, expected);
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn never_bootstrap_when_a_peer_has_data_and_we_have_no_marker(
+            f in a_peer_has_data_and_we_have_no_marker()
+        ) {
+            let d = decide(&f);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+        }
+
+        #[test]
+        fn data_present_never_yields_a_membership_change_or_bootstrap(
+            f in (any_facts(), wal_state().prop_filter("data", |w| *w != WalState::None))
+                .prop_map(|(f, wal)| Facts { data: DataDirState { wal, ..f.data.clone() }, ..f })
+        ) {
+            let d = decide(&f);
+            prop_assert!(
+                matches!(d.action, Action::Restart | Action::SetAside { .. } | Action::Wait),
+                "{:?}: {}", d.action, d.reason
+            );
+        }
+
+        #[test]
+        fn never_bootstrap_when_a_healthy_cluster_answered(
+            f in (any_facts(), members()).prop_map(|(f, ms)| Facts { cluster: healthy(ms), ..f })
+        ) {
+            let d = decide(&f);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+        }
+
+        #[test]
+        fn never_bootstrap_while_an_initial_peer_is_unaccounted_for(
+            f in an_initial_peer_is_unaccounted_for()
+        ) {
+            // A one-pod set has no initial peer to wait for.
+            prop_assume!(f.peers.iter().any(|p| p.ordinal < f.replicas));
+            // A half-started formation that counted on us is the one exception.
+            prop_assume!(!peer_holds_a_token_with_our_nonce(&f));
+            let d = decide(&f);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+        }
+
+        #[test]
+        fn empty_volume_never_restarts_or_sets_aside(
+            f in any_facts().prop_map(|f| Facts { data: DataDirState { wal: WalState::None, ..f.data.clone() }, ..f })
+        ) {
+            let d = decide(&f);
+            prop_assert!(
+                !matches!(d.action, Action::Restart | Action::SetAside { .. }),
+                "{:?}: {}", d.action, d.reason
+            );
+        }
+
+        #[test]
+        fn a_resumed_member_never_started_before(f in any_facts()) {
+            let d = decide(&f);
+            if let (Action::Resume { member_id }, ClusterFacts::Healthy(view)) = (&d.action, &f.cluster) {
+                let m = view.members.iter().find(|m| m.id == *member_id);
+                prop_assert!(m.is_some_and(|m| m.client_urls.is_empty()), "{:?} from {:?}", d, view.members);
+            } else {
+                prop_assert!(!matches!(d.action, Action::Resume { .. }), "{:?}", d);
+            }
+        }
+
+        #[test]
+        fn unresolved_own_name_allows_nothing_but_wait_set_aside_or_prepare(
+            f in (any_facts(), any::<bool>()).prop_map(|(f, failed)| Facts {
+                own_dns: if failed { Lookup::Failed("i/o timeout".into()) } else { Lookup::NotFound },
+                ..f
+            })
+        ) {
+            let d = decide(&f);
+            prop_assert!(
+                matches!(
+                    d.action,
+                    Action::Wait
+                        | Action::SetAside { .. }
+                        | Action::Bootstrap { step: BootstrapStep::Prepare, .. }
+                ),
+                "{:?}: {}", d.action, d.reason
+            );
+        }
+
+        #[test]
+        fn decide_is_deterministic(f in any_facts()) {
+            prop_assert_eq!(decide(&f), decide(&f.clone()));
+        }
+
+        #[test]
+        fn every_decision_gives_a_reason(f in any_facts()) {
+            prop_assert!(!decide(&f).reason.trim().is_empty());
+        }
+    }
+}

@@ -1,0 +1,1053 @@
+//! Pods as Docker containers, for the fault suite (tests/fault.rs).
+//!
+//! A pod is two containers sharing one network namespace, as in Kubernetes:
+//! - `<run>-etcd-<o>`: `etcd-steward init` (which execs etcd), on the scenario's cluster
+//!   network with the network alias `etcd-<o>.etcd.default.svc.cluster.local`, so Docker's
+//!   embedded DNS serves that name only while the container runs (a headless service with
+//!   `publishNotReadyAddresses`). Its named volume `<run>-data-<o>` is the data directory.
+//! - `<run>-steward-<o>`: `etcd-steward sidecar`, started with `--network container:<etcd>`
+//!   and the same volume read-only. It lives in the etcd container's network namespace, so
+//!   it is stopped and started (or removed and recreated) with the pod.
+//!
+//! Every pod is also attached to a second network, `<run>-mgmt`, at a fixed address: the
+//! test (on the host) reaches etcd and the sidecar there, and a partition cuts only the
+//! cluster network. Nothing is published on the host's ports.
+//!
+//! Everything a scenario creates carries the label `esf.run=<run>`; [`Cluster`]'s `Drop`
+//! removes it all synchronously (containers, networks, volumes) even when the test failed,
+//! after printing the containers' logs.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use tokio::process::Command;
+use tokio::time::Instant;
+
+pub const DEFAULT_IMAGE: &str = "etcd-steward:test";
+/// Where Debian's etcd 3.4 is mounted in a pod that runs it.
+const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
+
+/// Whether the fault suite was asked for (`STEWARD_FAULT_SUITE=1`). When it was not, the
+/// first caller prints one line saying so (to the real stderr, past the test harness's
+/// capture) and every scenario passes without touching Docker.
+pub fn requested() -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if std::env::var("STEWARD_FAULT_SUITE").as_deref() == Ok("1") {
+        return true;
+    }
+    SAID.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "fault suite (tests/fault.rs) not requested: set STEWARD_FAULT_SUITE=1 to run it \
+             (needs Docker and the image built by images/build-test-image.sh)"
+        );
+    });
+    false
+}
+
+/// Scenarios running at once (`STEWARD_FAULT_PARALLEL`, default 2). A heavy scenario takes
+/// every slot.
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+static SLOTS_INIT: std::sync::Once = std::sync::Once::new();
+
+pub fn parallelism() -> u32 {
+    std::env::var("STEWARD_FAULT_PARALLEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(2)
+}
+
+/// Waits for a turn: `exclusive` scenarios (timing-sensitive ones) run alone.
+pub async fn slot(exclusive: bool) -> tokio::sync::SemaphorePermit<'static> {
+    SLOTS_INIT.call_once(|| SLOTS.add_permits(parallelism() as usize));
+    let n = if exclusive { parallelism() } else { 1 };
+    SLOTS.acquire_many(n).await.unwrap()
+}
+
+pub fn image() -> String {
+    std::env::var("STEWARD_TEST_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.to_string())
+}
+
+/// Fails loudly when Docker or the test image is missing: CI has both.
+pub async fn ensure_image() {
+    let image = image();
+    match docker(&["image", "inspect", "--format", "{{.Id}}", &image]).await {
+        Ok(_) => {}
+        Err(e) => panic!(
+            "the fault suite needs Docker and the image {image}: build it with \
+             `bash images/build-test-image.sh` (or set STEWARD_TEST_IMAGE). Docker said: {e}"
+        ),
+    }
+}
+
+// ---- docker CLI ------------------------------------------------------------------------
+
+/// Runs `docker ARGS`; its trimmed stdout, or an error naming the command and its stderr.
+pub async fn docker(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run docker {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "docker {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `docker ARGS`, panicking on failure.
+pub async fn must(args: &[&str]) -> String {
+    docker(args).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `docker ARGS` from a synchronous context (Drop); stdout+stderr, errors ignored.
+fn docker_sync(args: &[&str]) -> String {
+    match std::process::Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => format!("cannot run docker: {e}"),
+    }
+}
+
+// ---- etcd versions ---------------------------------------------------------------------
+
+/// Which etcd a pod runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Etcd {
+    /// The image's /usr/local/bin/etcd (3.5.1).
+    V3_5,
+    /// Debian's etcd 3.4.23 from the host (`ETCD_3_4_BIN`, default /usr/bin/etcd), mounted
+    /// into the pod with the shared libraries it links (it is a dynamic Go binary).
+    V3_4,
+}
+
+/// `-v` options that put the host's etcd 3.4 and its shared libraries into a pod.
+async fn etcd_3_4_mounts() -> Vec<String> {
+    let bin = std::env::var("ETCD_3_4_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "etcd 3.4 not found at {bin}: run scripts/install-test-deps.sh (Debian's etcd-server) \
+         or set ETCD_3_4_BIN"
+    );
+    let out = Command::new("ldd")
+        .arg(&bin)
+        .output()
+        .await
+        .expect("ldd must be installed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut mounts = vec![format!("{bin}:{ETCD_3_4_IN_POD}:ro")];
+    if text.contains("not a dynamic executable") || !out.status.success() {
+        return mounts;
+    }
+    for line in text.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux….so.2 (0x…)"
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            mounts.push(format!("{p}:{p}:ro"));
+        }
+    }
+    mounts
+}
+
+// ---- the cluster -----------------------------------------------------------------------
+
+static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
+
+/// A /24 under 10.213.0.0/16 not used by another Docker network: the third octet.
+async fn create_network(name: &str, run: &str) -> u8 {
+    let _ = docker(&["network", "rm", name]).await;
+    let base = std::process::id();
+    let mut last = String::new();
+    for _ in 0..256 {
+        let n = ((base.wrapping_mul(7) + NEXT_SUBNET.fetch_add(1, Ordering::SeqCst)) % 250) as u8;
+        let subnet = format!("10.213.{n}.0/24");
+        match docker(&[
+            "network",
+            "create",
+            "--driver",
+            "bridge",
+            "--subnet",
+            &subnet,
+            "--label",
+            &format!("esf.run={run}"),
+            "--label",
+            &host_label(),
+            name,
+        ])
+        .await
+        {
+            Ok(_) => return n,
+            Err(e) if e.contains("overlap") => last = e,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("no free 10.213.N.0/24 for network {name}: {last}");
+}
+
+#[derive(Debug, Clone)]
+struct PodSpec {
+    etcd: Etcd,
+}
+
+pub struct Cluster {
+    /// Prefix of every container, network and volume name of this scenario.
+    pub run: String,
+    pub replicas: u32,
+    pub stall_timeout: Option<String>,
+    pub net: String,
+    pub mgmt: String,
+    mgmt_octet: u8,
+    pods: BTreeMap<u32, PodSpec>,
+    mounts_3_4: Vec<String>,
+    started: Instant,
+}
+
+/// What `/ready` and friends answered.
+pub type HttpAnswer = Option<(u16, String)>;
+
+impl Cluster {
+    /// Networks for a scenario; no pod yet.
+    pub async fn new(scenario: &str, replicas: u32) -> Cluster {
+        ensure_image().await;
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(sweep_dead_runs);
+        let run = format!("esf-{}-{scenario}", std::process::id());
+        // A leftover of an earlier run with this very name (same pid) must not get in the way.
+        cleanup_sync(&run);
+        let net = format!("{run}-net");
+        let mgmt = format!("{run}-mgmt");
+        create_network(&net, &run).await;
+        let mgmt_octet = create_network(&mgmt, &run).await;
+        log(
+            &run,
+            &format!("networks {net} and {mgmt} (10.213.{mgmt_octet}.0/24) created"),
+        );
+        Cluster {
+            run,
+            replicas,
+            stall_timeout: None,
+            net,
+            mgmt,
+            mgmt_octet,
+            pods: BTreeMap::new(),
+            mounts_3_4: Vec::new(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn say(&self, what: &str) {
+        log(
+            &self.run,
+            &format!("[{:>6.1}s] {what}", self.started.elapsed().as_secs_f64()),
+        );
+    }
+
+    pub fn host(&self, o: u32) -> String {
+        format!("etcd-{o}.etcd.default.svc.cluster.local")
+    }
+    pub fn etcd_ctr(&self, o: u32) -> String {
+        format!("{}-etcd-{o}", self.run)
+    }
+    pub fn steward_ctr(&self, o: u32) -> String {
+        format!("{}-steward-{o}", self.run)
+    }
+    pub fn volume(&self, o: u32) -> String {
+        format!("{}-data-{o}", self.run)
+    }
+    /// The pod's fixed address on the management network (how the test reaches it).
+    pub fn ip(&self, o: u32) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.mgmt_octet, 10 + o as u8)
+    }
+    pub fn client_url(&self, o: u32) -> String {
+        format!("http://{}:2379", self.ip(o))
+    }
+    pub fn ordinals(&self) -> Vec<u32> {
+        self.pods.keys().copied().collect()
+    }
+
+    fn common_args(&self, o: u32) -> Vec<String> {
+        let mut args = vec![
+            format!("--name=etcd-{o}"),
+            format!("--replicas={}", self.replicas),
+            "--listen-ip=0.0.0.0".to_string(),
+        ];
+        if let Some(t) = &self.stall_timeout {
+            args.push(format!("--learner-stall-timeout={t}"));
+        }
+        args
+    }
+
+    fn security_args(&self) -> Vec<String> {
+        [
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--user",
+            "65532:65532",
+            "--tmpfs",
+            "/tmp",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(labels(&self.run))
+        .collect()
+    }
+
+    /// Creates a pod's volume (if missing) and its etcd container, without starting it.
+    pub async fn create_etcd_container(&mut self, o: u32, etcd: Etcd) {
+        self.create_etcd_container_with(o, etcd, &[]).await;
+    }
+
+    /// As [`Self::create_etcd_container`], passing `etcd_args` to etcd (`init -- ARGS`).
+    pub async fn create_etcd_container_with(&mut self, o: u32, etcd: Etcd, etcd_args: &[&str]) {
+        if etcd == Etcd::V3_4 && self.mounts_3_4.is_empty() {
+            self.mounts_3_4 = etcd_3_4_mounts().await;
+        }
+        self.pods.insert(o, PodSpec { etcd });
+        let vol = self.volume(o);
+        if docker(&["volume", "inspect", &vol]).await.is_err() {
+            let mut args = vec!["volume".to_string(), "create".to_string()];
+            args.extend(labels(&self.run));
+            args.push(vol.clone());
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            must(&refs).await;
+        }
+        let mut args: Vec<String> = vec![
+            "create".into(),
+            "--name".into(),
+            self.etcd_ctr(o),
+            "--hostname".into(),
+            format!("etcd-{o}"),
+            "--network".into(),
+            self.net.clone(),
+            "--network-alias".into(),
+            self.host(o),
+            "-e".into(),
+            "ETCD_STEWARD_LOG=info".into(),
+            "-v".into(),
+            format!("{vol}:/var/lib/etcd"),
+        ];
+        args.extend(self.security_args());
+        if etcd == Etcd::V3_4 {
+            for m in &self.mounts_3_4 {
+                args.push("-v".into());
+                args.push(m.clone());
+            }
+        }
+        args.push(image());
+        args.push("etcd-steward".into());
+        args.push("init".into());
+        args.extend(self.common_args(o));
+        if etcd == Etcd::V3_4 {
+            args.push(format!("--etcd-bin={ETCD_3_4_IN_POD}"));
+        }
+        if !etcd_args.is_empty() {
+            args.push("--".into());
+            args.extend(etcd_args.iter().map(|a| a.to_string()));
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        must(&refs).await;
+        let ip = self.ip(o).to_string();
+        must(&[
+            "network",
+            "connect",
+            "--ip",
+            &ip,
+            &self.mgmt,
+            &self.etcd_ctr(o),
+        ])
+        .await;
+    }
+
+    /// Creates and starts a whole pod (volume kept if it exists).
+    pub async fn create_pod(&mut self, o: u32, etcd: Etcd) {
+        self.create_pod_with(o, etcd, &[]).await;
+    }
+
+    /// As [`Self::create_pod`], passing `etcd_args` to etcd.
+    pub async fn create_pod_with(&mut self, o: u32, etcd: Etcd, etcd_args: &[&str]) {
+        self.create_etcd_container_with(o, etcd, etcd_args).await;
+        must(&["start", &self.etcd_ctr(o)]).await;
+        if let Err(e) = self.run_sidecar(o).await {
+            // Only a pod whose etcd container already exited (a misconfigured etcd) may
+            // lack its sidecar: there is no network namespace left to join.
+            assert!(
+                !self.running(&self.etcd_ctr(o)).await,
+                "pod {o}'s sidecar did not start: {e}"
+            );
+            self.say(&format!(
+                "pod {o}: its etcd container exited before the sidecar could join it"
+            ));
+        }
+        self.say(&format!("pod {o} created and started ({etcd:?})"));
+    }
+
+    async fn run_sidecar(&self, o: u32) -> Result<String, String> {
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "-d".into(),
+            "--name".into(),
+            self.steward_ctr(o),
+            "--network".into(),
+            format!("container:{}", self.etcd_ctr(o)),
+            "-e".into(),
+            "ETCD_STEWARD_LOG=info".into(),
+            "-v".into(),
+            format!("{}:/var/lib/etcd:ro", self.volume(o)),
+        ];
+        args.extend(self.security_args());
+        args.push(image());
+        args.push("etcd-steward".into());
+        args.push("sidecar".into());
+        args.extend(self.common_args(o));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&refs).await
+    }
+
+    /// Starts a stopped pod: its etcd container, then the sidecar in its (new) namespace.
+    pub async fn start(&self, o: u32) {
+        must(&["start", &self.etcd_ctr(o)]).await;
+        must(&["start", &self.steward_ctr(o)]).await;
+        self.say(&format!("pod {o} started"));
+    }
+
+    /// SIGKILLs the pod's containers (etcd first: the pod's etcd container is what dies).
+    pub async fn kill(&self, o: u32) {
+        for c in [self.etcd_ctr(o), self.steward_ctr(o)] {
+            if let Err(e) = docker(&["kill", &c]).await {
+                assert!(e.contains("is not running"), "{e}");
+            }
+        }
+        self.say(&format!("pod {o} killed"));
+    }
+
+    /// Stops the pod gracefully (SIGTERM, then SIGKILL after 10 s), both containers at once.
+    pub async fn stop(&self, o: u32) {
+        must(&["stop", "-t", "10", &self.etcd_ctr(o), &self.steward_ctr(o)]).await;
+        self.say(&format!("pod {o} stopped"));
+    }
+
+    /// Removes the pod's containers; with `wipe`, its volume too (the PVC is gone).
+    pub async fn remove(&mut self, o: u32, wipe: bool) {
+        let _ = docker(&["rm", "-f", &self.steward_ctr(o), &self.etcd_ctr(o)]).await;
+        if wipe {
+            must(&["volume", "rm", &self.volume(o)]).await;
+        }
+        self.pods.remove(&o);
+        self.say(&format!(
+            "pod {o} removed{}",
+            if wipe { " with its volume" } else { "" }
+        ));
+    }
+
+    /// Cuts the pod off the cluster network (it keeps the management network).
+    pub async fn partition(&self, o: u32) {
+        must(&["network", "disconnect", &self.net, &self.etcd_ctr(o)]).await;
+        self.say(&format!("pod {o} partitioned from the cluster network"));
+    }
+
+    /// Reconnects it, with its DNS name.
+    pub async fn heal(&self, o: u32) {
+        must(&[
+            "network",
+            "connect",
+            "--alias",
+            &self.host(o),
+            &self.net,
+            &self.etcd_ctr(o),
+        ])
+        .await;
+        self.say(&format!("pod {o} reconnected to the cluster network"));
+    }
+
+    pub async fn running(&self, container: &str) -> bool {
+        docker(&["inspect", "-f", "{{.State.Running}}", container])
+            .await
+            .map(|s| s == "true")
+            .unwrap_or(false)
+    }
+
+    // ---- talking to pods ---------------------------------------------------------------
+
+    pub async fn client(&self, o: u32) -> Client {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_millis(500))
+            .with_timeout(Duration::from_secs(2));
+        Client::connect([self.client_url(o)], Some(opts))
+            .await
+            .unwrap()
+    }
+
+    /// GET from a pod's sidecar: (status, body), None when it does not answer.
+    pub async fn http(&self, o: u32, path: &str) -> HttpAnswer {
+        let addr = SocketAddr::new(IpAddr::V4(self.ip(o)), 8080);
+        etcd_steward::http_get::get(addr, "x", path, Duration::from_secs(2), 1 << 20)
+            .await
+            .ok()
+            .map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    pub async fn ready(&self, o: u32) -> bool {
+        matches!(self.http(o, "/ready").await, Some((200, _)))
+    }
+
+    pub async fn status(&self, o: u32) -> Option<etcd_client::StatusResponse> {
+        let mut c = self.client(o).await;
+        tokio::time::timeout(Duration::from_secs(3), c.status())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    pub async fn member_id(&self, o: u32) -> u64 {
+        self.status(o)
+            .await
+            .and_then(|s| s.header().map(|h| h.member_id()))
+            .unwrap_or_default()
+    }
+
+    pub async fn cluster_id(&self, o: u32) -> u64 {
+        self.status(o)
+            .await
+            .and_then(|s| s.header().map(|h| h.cluster_id()))
+            .unwrap_or_default()
+    }
+
+    pub async fn members(&self, o: u32) -> Option<Vec<etcd_client::Member>> {
+        let mut c = self.client(o).await;
+        tokio::time::timeout(Duration::from_secs(3), c.member_list())
+            .await
+            .ok()?
+            .ok()
+            .map(|r| r.members().to_vec())
+    }
+
+    /// The ordinal of the pod whose etcd leads, as every answering pod sees it.
+    pub async fn leader(&self) -> Option<u32> {
+        for o in self.ordinals() {
+            if let Some(s) = self.status(o).await {
+                let me = s.header().map(|h| h.member_id()).unwrap_or_default();
+                if s.leader() != 0 && s.leader() == me {
+                    return Some(o);
+                }
+            }
+        }
+        None
+    }
+
+    pub async fn wait_leader(&self, timeout: Duration) -> u32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(o) = self.leader().await {
+                return o;
+            }
+            if Instant::now() > deadline {
+                panic!("no leader within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Waits until every listed pod is ready and the cluster has exactly these voters.
+    pub async fn wait_ready(&self, pods: &[u32], timeout: Duration) {
+        let what = format!("pods {pods:?} ready, the only members, all voters");
+        let deadline = Instant::now() + timeout;
+        loop {
+            // The sidecar's verdict, and etcd itself: it answers and sees a leader.
+            let mut ok = true;
+            for o in pods {
+                let leader = self.status(*o).await.map(|s| s.leader()).unwrap_or(0);
+                if leader == 0 || !self.ready(*o).await {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                ok = match self.members(pods[0]).await {
+                    Some(ms) => {
+                        let names: BTreeSet<String> =
+                            ms.iter().map(|m| m.name().to_string()).collect();
+                        let want: BTreeSet<String> =
+                            pods.iter().map(|o| format!("etcd-{o}")).collect();
+                        ms.len() == pods.len()
+                            && names == want
+                            && ms.iter().all(|m| !m.is_learner())
+                    }
+                    None => false,
+                };
+            }
+            if ok {
+                self.say(&format!("{what}: yes"));
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out after {timeout:?} waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// A container's whole log (stdout then stderr; etcd-steward and etcd log to stderr).
+    pub async fn logs(&self, container: &str) -> String {
+        let out = Command::new("docker")
+            .args(["logs", container])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// The `action` of every init round the pod's current etcd container logged.
+    pub async fn decisions(&self, o: u32) -> Vec<String> {
+        parse_decisions(&self.logs(&self.etcd_ctr(o)).await)
+    }
+
+    /// Asserts that the init rounds pod `o` logged after the first `before` only restarted
+    /// it on its own data (possibly after waiting for its peers): no new cluster, no
+    /// membership change.
+    pub async fn assert_restarted_on_its_data(&self, o: u32, before: usize) {
+        let all = self.decisions(o).await;
+        let since = &all[before.min(all.len())..];
+        assert!(
+            since.last().map(String::as_str) == Some("restart")
+                && since.iter().all(|d| d == "restart" || d == "wait"),
+            "pod {o} should have restarted on its data, decided {since:?} (all: {all:?})"
+        );
+    }
+
+    // ---- the checks after every scenario -----------------------------------------------
+
+    /// After a scenario: `pods` are the only members, all voters and ready; one leader;
+    /// exactly one cluster ID (`cluster_id`, when given, the one it had at the start);
+    /// every acknowledged write readable, and on every member.
+    pub async fn check(&self, pods: &[u32], cluster_id: Option<u64>, acked: u64) {
+        self.wait_ready(pods, Duration::from_secs(120)).await;
+        // Exactly one cluster ID, one membership, one leader.
+        let mut cids = BTreeSet::new();
+        let mut leaders = BTreeSet::new();
+        let mut memberships = BTreeSet::new();
+        for o in pods {
+            let s = self
+                .status(*o)
+                .await
+                .unwrap_or_else(|| panic!("pod {o} answers status"));
+            let h = s.header().unwrap();
+            cids.insert(h.cluster_id());
+            leaders.insert(s.leader());
+            let ms = self.members(*o).await.unwrap();
+            assert!(
+                ms.iter().all(|m| !m.is_learner()),
+                "pod {o} sees a learner: {ms:?}"
+            );
+            let ids: Vec<u64> = ms.iter().map(|m| m.id()).collect();
+            memberships.insert(format!("{ids:?}"));
+        }
+        assert_eq!(cids.len(), 1, "exactly one cluster ID: {cids:x?}");
+        if let Some(cid) = cluster_id {
+            assert!(
+                cids.contains(&cid),
+                "the cluster kept its ID {cid:x}: {cids:x?}"
+            );
+        }
+        assert_eq!(memberships.len(), 1, "one membership: {memberships:?}");
+        assert_eq!(leaders.len(), 1, "one leader as seen by all: {leaders:x?}");
+        assert!(!leaders.contains(&0), "a leader exists");
+        // Every acknowledged write, linearizably, then on every member's own copy.
+        self.check_writes(pods, acked).await;
+        self.say(&format!(
+            "checked: pods {pods:?} ready voters, one cluster {:x}, {acked} acknowledged writes on every member",
+            cids.first().unwrap()
+        ));
+    }
+
+    pub async fn check_writes(&self, pods: &[u32], acked: u64) {
+        let mut c = self.client(pods[0]).await;
+        let got = c
+            .get("w/", Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await
+            .expect("linearizable read of every write");
+        let present: BTreeSet<String> = got
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_string())
+            .collect();
+        let lost: Vec<u64> = (0..acked)
+            .filter(|i| !present.contains(&write_key(*i)))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {acked} acknowledged writes lost, first: {:?}",
+            lost.len(),
+            &lost[..lost.len().min(20)]
+        );
+        for o in pods {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let mut c = self.client(*o).await;
+                let n = c
+                    .get(
+                        "w/",
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_count_only()
+                                .with_serializable(),
+                        ),
+                    )
+                    .await
+                    .map(|r| r.count())
+                    .unwrap_or(-1);
+                if n >= acked as i64 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pod {o} holds {n} of {acked} acknowledged writes after 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+
+    /// The initial formation: `n` pods on `etcd`, all started together, ready as voters.
+    pub async fn form(&mut self, n: u32, etcd: Etcd) -> u64 {
+        for o in 0..n {
+            self.create_pod(o, etcd).await;
+        }
+        let pods: Vec<u32> = (0..n).collect();
+        self.wait_ready(&pods, Duration::from_secs(120)).await;
+        let cid = self.cluster_id(0).await;
+        assert_ne!(cid, 0);
+        for o in 0..n {
+            assert!(
+                self.decisions(o).await.contains(&"bootstrap".to_string()),
+                "pod {o} bootstrapped"
+            );
+        }
+        self.say(&format!("cluster {cid:x} formed by {n} pods"));
+        cid
+    }
+
+    /// Everything each container logged, for a failure report.
+    fn dump_sync(&self) -> String {
+        let mut out = String::new();
+        let names = docker_sync(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=esf.run={}", self.run),
+            "--format",
+            "{{.Names}}\t{{.Status}}",
+        ]);
+        out.push_str(&format!(
+            "\n===== containers of {} =====\n{names}",
+            self.run
+        ));
+        let mut names: Vec<&str> = names.lines().filter_map(|l| l.split('\t').next()).collect();
+        names.sort();
+        for name in names {
+            let logs = docker_sync(&["logs", name]);
+            // etcd-steward's own lines in full (they are few), etcd's last lines.
+            let steward: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("\"message\":\""))
+                .collect();
+            let etcd: Vec<&str> = logs
+                .lines()
+                .filter(|l| !l.contains("\"message\":\""))
+                .collect();
+            out.push_str(&format!(
+                "\n----- {name}: etcd-steward ({} lines, last 60) -----\n",
+                steward.len()
+            ));
+            for l in steward.iter().skip(steward.len().saturating_sub(60)) {
+                out.push_str(l);
+                out.push('\n');
+            }
+            if !etcd.is_empty() {
+                out.push_str(&format!(
+                    "----- {name}: etcd ({} lines, last 40) -----\n",
+                    etcd.len()
+                ));
+                for l in etcd.iter().skip(etcd.len().saturating_sub(40)) {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let dump = self.dump_sync();
+            let _ = writeln!(std::io::stderr(), "{dump}");
+            if std::env::var("STEWARD_FAULT_KEEP").as_deref() == Ok("1") {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "STEWARD_FAULT_KEEP=1: containers, networks and volumes labelled esf.run={} kept",
+                    self.run
+                );
+                return;
+            }
+        }
+        cleanup_sync(&self.run);
+    }
+}
+
+/// The labels on everything a run creates: the run, and the host whose process made it.
+fn labels(run: &str) -> Vec<String> {
+    vec![
+        "--label".into(),
+        format!("esf.run={run}"),
+        "--label".into(),
+        host_label(),
+    ]
+}
+
+fn host_label() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("esf.host={}", host.trim())
+}
+
+/// Removes what earlier runs on this host left behind when their process was killed
+/// before `Drop` could run (a CI time-out): runs `esf-<pid>-…` whose pid is gone.
+fn sweep_dead_runs() {
+    let filter = format!("label={}", host_label());
+    let mut runs = BTreeSet::new();
+    for list in [
+        vec!["ps", "-a"],
+        vec!["network", "ls"],
+        vec!["volume", "ls"],
+    ] {
+        let mut args = list;
+        args.extend(["--filter", &filter, "--format", "{{.Label \"esf.run\"}}"]);
+        for run in docker_sync(&args).lines() {
+            runs.insert(run.trim().to_string());
+        }
+    }
+    for run in runs {
+        let pid = run
+            .strip_prefix("esf-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !alive(pid) {
+                log(&run, "left behind by a dead test process: removing it");
+                cleanup_sync(&run);
+            }
+        }
+    }
+}
+
+/// Whether a process exists on this host (a zombie does not count).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// Removes every container, network and volume labelled `esf.run=<run>`.
+fn cleanup_sync(run: &str) {
+    let label = format!("label=esf.run={run}");
+    let ids = docker_sync(&["ps", "-aq", "--filter", &label]);
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    if !ids.is_empty() {
+        let mut args = vec!["rm", "-f", "-v"];
+        args.extend(ids);
+        docker_sync(&args);
+    }
+    for kind in ["network", "volume"] {
+        let names = docker_sync(&[kind, "ls", "-q", "--filter", &label]);
+        let names: Vec<&str> = names.split_whitespace().collect();
+        if !names.is_empty() {
+            let mut args = vec![kind, "rm"];
+            args.extend(names);
+            docker_sync(&args);
+        }
+    }
+}
+
+pub fn parse_decisions(logs: &str) -> Vec<String> {
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "decision" || v["message"] == "waiting")
+        .filter_map(|v| v["action"].as_str().map(String::from))
+        .collect()
+}
+
+fn log(run: &str, what: &str) {
+    let _ = writeln!(std::io::stderr(), "[{run}] {what}");
+}
+
+// ---- the writer ------------------------------------------------------------------------
+
+pub fn write_key(i: u64) -> String {
+    format!("w/{i:08}")
+}
+
+/// Writes `w/<n>` one after another (about 100 a second) through every given endpoint in
+/// turn, counting a write only once etcd acknowledged it. A write that failed is retried
+/// with the same key through the next endpoint.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<WriterReport>,
+    acked: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WriterReport {
+    /// Writes 0..acked were acknowledged.
+    pub acked: u64,
+    pub failures: u64,
+    /// The longest time between two acknowledgements (or the start and the first).
+    pub max_gap: Duration,
+    /// When that gap ended, since the writer started.
+    pub max_gap_at: Duration,
+    pub last_error: String,
+}
+
+impl Writer {
+    pub fn start(endpoints: Vec<String>) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let task = {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            tokio::spawn(async move { write_loop(endpoints, stop, acked).await })
+        };
+        Writer { stop, task, acked }
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more writes than now are acknowledged.
+    pub async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
+        let target = self.acked() + n;
+        let deadline = Instant::now() + timeout;
+        while self.acked() < target {
+            assert!(
+                Instant::now() < deadline,
+                "the writer made no progress ({what}): {} acknowledged, wanted {target}",
+                self.acked()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn stop(self) -> WriterReport {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("the writer task")
+    }
+}
+
+async fn write_loop(
+    endpoints: Vec<String>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<std::sync::atomic::AtomicU64>,
+) -> WriterReport {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(300))
+        .with_timeout(Duration::from_secs(2));
+    let mut clients = Vec::new();
+    for ep in &endpoints {
+        clients.push(
+            Client::connect([ep.as_str()], Some(opts.clone()))
+                .await
+                .expect("a lazy client"),
+        );
+    }
+    let started = Instant::now();
+    let mut last_ack = started;
+    let mut report = WriterReport {
+        acked: 0,
+        failures: 0,
+        max_gap: Duration::ZERO,
+        max_gap_at: Duration::ZERO,
+        last_error: String::new(),
+    };
+    let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
+    let mut turn = 0usize;
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        // The next endpoint that has not failed in the last second (any, if all have).
+        let n = clients.len();
+        let mut pick = turn % n;
+        for k in 0..n {
+            let idx = (turn + k) % n;
+            if failed_at[idx].is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                pick = idx;
+                break;
+            }
+        }
+        turn = pick + 1;
+        let put = clients[pick].put(write_key(i), i.to_string(), None);
+        match tokio::time::timeout(Duration::from_millis(2500), put).await {
+            Ok(Ok(_)) => {
+                let now = Instant::now();
+                if now - last_ack > report.max_gap {
+                    report.max_gap = now - last_ack;
+                    report.max_gap_at = now - started;
+                }
+                last_ack = now;
+                i += 1;
+                acked.store(i, Ordering::SeqCst);
+                failed_at[pick] = None;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(Err(e)) => {
+                report.failures += 1;
+                report.last_error = format!("{}: {e}", endpoints[pick]);
+                failed_at[pick] = Some(Instant::now());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                report.failures += 1;
+                report.last_error = format!("{}: no answer within 2.5 s", endpoints[pick]);
+                failed_at[pick] = Some(Instant::now());
+            }
+        }
+    }
+    report.acked = i;
+    report
+}

@@ -1,0 +1,217 @@
+//! Peer reports are the evidence for forming a cluster, so only sound evidence counts.
+//! With peer TLS on it is authenticated: only a holder of a certificate from the peer CA
+//! can read a pod's report, and a pod believes only reports served with a peer
+//! certificate. Peers that answer garbage, answer too slowly, or answer for another
+//! cluster's data never lead to a bootstrap either.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use etcd_steward::http_get::get_with;
+use etcd_steward::report::parse_report;
+use support::{wait_for, Etcd, Set};
+
+fn report_addr(set: &Set, o: u32) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8443)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
+    let mut set = Set::new(Etcd::V3_5Tls, 3).await;
+    set.set_dns(0, true);
+    set.start_sidecar(0);
+    let pki = set.pki.as_ref().unwrap();
+    let host = set.host(0);
+    let addr = report_addr(&set, 0);
+    let peer = pki.material("peer", "peer-ca").client_config().unwrap();
+    wait_for(Duration::from_secs(10), "the report port", || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+
+    let (status, body) = get_with(
+        addr,
+        &host,
+        "/peer/report",
+        Duration::from_secs(3),
+        1 << 16,
+        Some(&peer),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert!(!parse_report(&body, "etcd-0").unwrap().has_data);
+
+    // No certificate, a certificate from the client CA, one from another CA: refused.
+    assert!(get_with(
+        addr,
+        &host,
+        "/peer/report",
+        Duration::from_secs(3),
+        1 << 16,
+        None
+    )
+    .await
+    .is_err());
+    // (a client that trusts the peer CA for the server but presents another CA's certificate)
+    let client_side = pki.material("client", "peer-ca").client_config().unwrap();
+    assert!(get_with(
+        addr,
+        &host,
+        "/peer/report",
+        Duration::from_secs(3),
+        1 << 16,
+        Some(&client_side)
+    )
+    .await
+    .is_err());
+    let outsider = pki.material("outsider", "peer-ca").client_config().unwrap();
+    assert!(get_with(
+        addr,
+        &host,
+        "/peer/report",
+        Duration::from_secs(3),
+        1 << 16,
+        Some(&outsider)
+    )
+    .await
+    .is_err());
+
+    // The kubelet-facing port serves no report.
+    let plain = SocketAddr::new(IpAddr::V4(set.pod(0).ip), 8080);
+    let (status, _) = etcd_steward::http_get::get(
+        plain,
+        &host,
+        "/peer/report",
+        Duration::from_secs(3),
+        1 << 16,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 404);
+    set.shutdown().await;
+}
+
+fn empty_report(name: &str) -> String {
+    serde_json::json!({"name": name, "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
+    let mut set = Set::new(Etcd::V3_5Tls, 3).await;
+    for o in 0..3 {
+        set.set_dns(o, true);
+    }
+    set.start_sidecar(0);
+    // etcd-1: an impostor answering in plain HTTP on the report port.
+    let plain = tokio::net::TcpListener::bind(report_addr(&set, 1))
+        .await
+        .unwrap();
+    let body1 = empty_report("etcd-1");
+    let fake = axum::Router::new().route("/peer/report", get(move || async move { body1 }));
+    tokio::spawn(async move { axum::serve(plain, fake).await });
+    // etcd-2: an impostor speaking TLS with a certificate from another CA.
+    let tls = tokio::net::TcpListener::bind(report_addr(&set, 2))
+        .await
+        .unwrap();
+    let outsider = set
+        .pki
+        .as_ref()
+        .unwrap()
+        .material("outsider", "peer-ca")
+        .server_config()
+        .unwrap();
+    let body2 = empty_report("etcd-2");
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = axum::Router::new().route("/peer/report", get(move || async move { body2 }));
+    let limits = etcd_steward::sidecar::server::Limits::default();
+    let impostor = etcd_steward::sidecar::server::serve(
+        tls,
+        Some(Arc::clone(&outsider)),
+        app,
+        limits,
+        stop_rx,
+    );
+    tokio::spawn(impostor);
+
+    let decision = set.dry_run(0).await;
+    assert_eq!(decision["action"], "wait", "{decision}");
+    let reason = decision["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("etcd-1: sidecar did not answer"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("etcd-2: sidecar did not answer"),
+        "{reason}"
+    );
+    set.shutdown().await;
+}
+
+/// Serves `body` for /peer/report on a pod's plain sidecar port.
+async fn fake_sidecar(set: &Set, o: u32, body: String) {
+    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let app = axum::Router::new().route("/peer/report", get(move || async move { body }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_silent_peers_mean_wait() {
+    let mut set = Set::new(Etcd::V3_5, 3).await;
+    for o in 0..3 {
+        set.set_dns(o, true);
+    }
+    fake_sidecar(&set, 1, "<html>not a report</html>".into()).await;
+    // etcd-2 accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(set.pod(2).ip), 8080))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            held.push(conn);
+        }
+    });
+    let decision = set.dry_run(0).await;
+    assert_eq!(decision["action"], "wait", "{decision}");
+    let reason = decision["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("etcd-1: sidecar did not answer: peer report is not valid JSON"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("etcd-2: sidecar did not answer") && reason.contains("no answer within"),
+        "{reason}"
+    );
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_holding_another_clusters_data_means_wait() {
+    let mut set = Set::new(Etcd::V3_5, 3).await;
+    for o in 0..3 {
+        set.set_dns(o, true);
+    }
+    let foreign = serde_json::json!({
+        "name": "etcd-1", "has_data": true,
+        "wal": {"member_id": "1234abcd", "cluster_id": "feedbeef"},
+        "wal_error": null, "formation": null,
+    });
+    fake_sidecar(&set, 1, foreign.to_string()).await;
+    fake_sidecar(&set, 2, empty_report("etcd-2")).await;
+    let decision = set.dry_run(0).await;
+    assert_eq!(decision["action"], "wait", "{decision}");
+    let reason = decision["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("etcd-1 (member 1234abcd of cluster feedbeef)"),
+        "{reason}"
+    );
+    set.shutdown().await;
+}

@@ -1,0 +1,812 @@
+//! The sidecar's HTTP surface, driven through `tower::ServiceExt::oneshot` on the axum
+//! router: no socket, no etcd. Each test names what a probe, a scraper or a peer sees.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use etcd_steward::cluster::MemberStatus;
+use etcd_steward::datadir::{record_decision, write_formation};
+use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
+use etcd_steward::sidecar::health::{
+    assess, render_metrics, report_router, router, AppState, Health, LocalObservation, PeerApi,
+    Role, Snapshot,
+};
+
+/// Without peer TLS the sidecar serves both surfaces on its one plain port.
+fn plain_port(state: AppState) -> axum::Router {
+    router(state.clone()).merge(report_router(state))
+}
+
+const POD: &str = "etcd-1";
+const ME: u64 = 0xa1;
+const LEADER: u64 = 0xa0;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+// ---------------------------------------------------------------------------------------
+// Observations
+// ---------------------------------------------------------------------------------------
+
+fn status() -> MemberStatus {
+    MemberStatus {
+        member_id: ME,
+        cluster_id: 0xc1,
+        leader: LEADER,
+        raft_index: 95,
+        raft_term: 3,
+        is_learner: false,
+        errors: vec![],
+    }
+}
+
+/// A voter that sees a leader and whose linearizable read succeeded.
+fn serving() -> LocalObservation {
+    LocalObservation {
+        serializable: Ok(()),
+        peer_api: None,
+        status: Ok(status()),
+        linearizable: Some(Ok(())),
+        leader_index: Some(100),
+    }
+}
+
+/// The client API did not answer; the sidecar then asked the peer API.
+fn client_api_down(peer_api: PeerApi) -> LocalObservation {
+    LocalObservation {
+        serializable: Err("context deadline exceeded".into()),
+        peer_api: Some(peer_api),
+        status: Err("context deadline exceeded".into()),
+        linearizable: None,
+        leader_index: None,
+    }
+}
+
+fn with_status(f: impl FnOnce(&mut MemberStatus)) -> LocalObservation {
+    let mut s = status();
+    f(&mut s);
+    LocalObservation {
+        status: Ok(s),
+        ..serving()
+    }
+}
+
+fn snapshot(health: Health) -> Snapshot {
+    Snapshot {
+        health,
+        promotions: 0,
+        learners_removed: 0,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The router, and one request through it
+// ---------------------------------------------------------------------------------------
+
+struct Sidecar {
+    tx: watch::Sender<Snapshot>,
+    state: AppState,
+    /// Kept so the data directory lives as long as the test.
+    _dir: tempfile::TempDir,
+}
+
+impl Sidecar {
+    fn new(snap: Snapshot) -> Result<Self, std::io::Error> {
+        let dir = tempfile::tempdir()?;
+        let (tx, rx) = watch::channel(snap);
+        let state = AppState {
+            snapshot: rx,
+            name: Arc::from(POD),
+            data_dir: Arc::new(dir.path().to_path_buf()),
+        };
+        Ok(Sidecar {
+            tx,
+            state,
+            _dir: dir,
+        })
+    }
+
+    fn observing(o: &LocalObservation) -> Result<Self, std::io::Error> {
+        Self::new(snapshot(assess(o)))
+    }
+
+    fn data_dir(&self) -> &Path {
+        &self.state.data_dir
+    }
+
+    async fn call(&self, method: Method, path: &str) -> Result<Answer, Box<dyn std::error::Error>> {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())?;
+        let resp = plain_port(self.state.clone()).oneshot(req).await?;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = resp.into_body().collect().await?.to_bytes().to_vec();
+        Ok(Answer {
+            status,
+            content_type,
+            body,
+        })
+    }
+
+    async fn get(&self, path: &str) -> Result<Answer, Box<dyn std::error::Error>> {
+        self.call(Method::GET, path).await
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+#[track_caller]
+fn assert_answer(a: &Answer, status: StatusCode, needle: &str) {
+    assert_eq!(a.status, status, "body: {}", a.text());
+    assert!(
+        a.text().contains(needle),
+        "body should mention {needle:?}: {}",
+        a.text()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// /healthz: liveness never depends on quorum or on a peer
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn healthz_is_ok_when_serializable_reads_work() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    let a = s.get("/healthz").await?;
+    assert_answer(&a, StatusCode::OK, "serializable reads");
+    assert!(
+        a.content_type.starts_with("text/plain"),
+        "{}",
+        a.content_type
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn healthz_is_ok_for_a_member_waiting_for_quorum_whose_peer_api_answers() -> TestResult {
+    // Restarting the pod would not bring quorum back; it would only lose the member.
+    let s = Sidecar::observing(&client_api_down(PeerApi::Answered))?;
+    assert_answer(
+        &s.get("/healthz").await?,
+        StatusCode::OK,
+        "peer API answers",
+    );
+    assert_eq!(
+        s.get("/ready").await?.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn healthz_is_ok_while_etcd_is_not_listening_yet() -> TestResult {
+    // init may still be deciding (waiting for peers): killing the pod would not help.
+    let s = Sidecar::observing(&client_api_down(PeerApi::NotListening))?;
+    assert_answer(&s.get("/healthz").await?, StatusCode::OK, "not running yet");
+    Ok(())
+}
+
+#[tokio::test]
+async fn healthz_fails_when_the_peer_api_accepts_but_never_answers() -> TestResult {
+    let s = Sidecar::observing(&client_api_down(PeerApi::NoAnswer("read timed out".into())))?;
+    let a = s.get("/healthz").await?;
+    assert_answer(&a, StatusCode::SERVICE_UNAVAILABLE, "does not answer");
+    assert!(
+        a.text().contains("context deadline exceeded"),
+        "{}",
+        a.text()
+    );
+    assert!(a.text().contains("read timed out"), "{}", a.text());
+    Ok(())
+}
+
+#[tokio::test]
+async fn healthz_fails_when_the_client_api_fails_and_the_peer_api_was_not_asked() -> TestResult {
+    let o = LocalObservation {
+        peer_api: None,
+        ..client_api_down(PeerApi::Answered)
+    };
+    let s = Sidecar::observing(&o)?;
+    assert_answer(
+        &s.get("/healthz").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "context deadline exceeded",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn before_the_first_observation_the_pod_is_live_but_not_ready() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    assert_answer(
+        &s.get("/healthz").await?,
+        StatusCode::OK,
+        "no observation yet",
+    );
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no observation yet",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn liveness_ignores_every_readiness_failure() -> TestResult {
+    // Learner, no leader, alarm, failed quorum read: none of them is cured by a restart.
+    let cases = [
+        ("learner", with_status(|s| s.is_learner = true)),
+        ("no leader", with_status(|s| s.leader = 0)),
+        ("alarm", with_status(|s| s.errors = vec!["NOSPACE".into()])),
+        (
+            "linearizable read failed",
+            LocalObservation {
+                linearizable: Some(Err("timeout".into())),
+                ..serving()
+            },
+        ),
+    ];
+    for (case, o) in cases {
+        let s = Sidecar::observing(&o)?;
+        assert_eq!(s.get("/healthz").await?.status, StatusCode::OK, "{case}");
+        assert_eq!(
+            s.get("/ready").await?.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{case}"
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// /ready: only a voter with a leader whose linearizable read succeeded; the body says why
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn ready_for_a_voter_with_a_leader_and_a_linearizable_read() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    let a = s.get("/ready").await?;
+    assert_answer(&a, StatusCode::OK, "voter a1 with leader a0");
+    assert!(
+        a.text().contains("linearizable read succeeded"),
+        "{}",
+        a.text()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_as_a_learner() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| s.is_learner = true))?;
+    let a = s.get("/ready").await?;
+    assert_answer(&a, StatusCode::SERVICE_UNAVAILABLE, "a1 is a learner");
+    assert!(a.text().contains("5 behind the leader"), "{}", a.text());
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_without_a_leader() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| s.leader = 0))?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "sees no leader",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_with_an_active_alarm() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| {
+        s.errors = vec!["memberID:161 alarm:NOSPACE".into()]
+    }))?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "alarm active: memberID:161 alarm:NOSPACE",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_when_the_linearizable_read_fails() -> TestResult {
+    let s = Sidecar::observing(&LocalObservation {
+        linearizable: Some(Err("etcdserver: request timed out".into())),
+        ..serving()
+    })?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "linearizable read through this member failed: etcdserver: request timed out",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_when_the_linearizable_read_was_not_attempted() -> TestResult {
+    let s = Sidecar::observing(&LocalObservation {
+        linearizable: None,
+        ..serving()
+    })?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not attempted",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_when_the_status_is_unavailable() -> TestResult {
+    let s = Sidecar::observing(&LocalObservation {
+        status: Err("connection refused".into()),
+        ..serving()
+    })?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "status unavailable: connection refused",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_alarm_fails_readiness_even_when_the_linearizable_read_succeeds() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| s.errors = vec!["CORRUPT".into()]))?;
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "CORRUPT",
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn probes_serve_the_latest_assessment() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| s.is_learner = true))?;
+    assert_eq!(
+        s.get("/ready").await?.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    s.tx.send_replace(snapshot(assess(&serving())));
+    assert_eq!(s.get("/ready").await?.status, StatusCode::OK);
+    s.tx.send_replace(snapshot(assess(&with_status(|s| s.leader = 0))));
+    assert_answer(
+        &s.get("/ready").await?,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no leader",
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// assess: role, leader and lag
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn assess_reports_role_leader_and_lag_of_a_follower() {
+    let h = assess(&serving());
+    assert_eq!(h.role, Role::Voter);
+    assert!(h.leader_present);
+    assert_eq!(h.raft_index_lag, Some(5));
+}
+
+#[test]
+fn the_leader_itself_has_no_lag() {
+    let h = assess(&LocalObservation {
+        leader_index: None,
+        ..with_status(|s| s.leader = ME)
+    });
+    assert_eq!(h.raft_index_lag, Some(0));
+    assert!(h.ready.ok, "{}", h.ready.reason);
+}
+
+#[test]
+fn a_member_ahead_of_the_stale_leader_index_has_zero_lag_not_an_overflow() {
+    let h = assess(&LocalObservation {
+        leader_index: Some(90),
+        ..serving()
+    });
+    assert_eq!(h.raft_index_lag, Some(0));
+}
+
+#[test]
+fn without_a_status_the_role_is_unknown_and_no_leader_is_claimed() {
+    let h = assess(&client_api_down(PeerApi::Answered));
+    assert_eq!(h.role, Role::Unknown);
+    assert!(!h.leader_present);
+    assert_eq!(h.raft_index_lag, None);
+}
+
+// ---------------------------------------------------------------------------------------
+// /metrics: Prometheus text format
+// ---------------------------------------------------------------------------------------
+
+/// Checks the exposition format a scraper relies on: every sample belongs to a family
+/// declared by `# HELP` and `# TYPE` lines before it, counters end in `_total`, values
+/// are numbers, and no series appears twice. Returns the samples by series.
+fn parse_exposition(text: &str) -> Result<BTreeMap<String, f64>, String> {
+    let mut help = BTreeSet::new();
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut samples = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, text) = rest.split_once(' ').ok_or(format!("bad HELP: {line}"))?;
+            if text.trim().is_empty() || !help.insert(name.to_string()) {
+                return Err(format!("empty or repeated HELP: {line}"));
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').ok_or(format!("bad TYPE: {line}"))?;
+            if !matches!(kind, "gauge" | "counter") {
+                return Err(format!("unexpected type: {line}"));
+            }
+            if kind == "counter" && !name.ends_with("_total") {
+                return Err(format!("counter without _total: {line}"));
+            }
+            if types.insert(name.to_string(), kind.to_string()).is_some() {
+                return Err(format!("repeated TYPE: {line}"));
+            }
+        } else if line.trim().is_empty() || line.starts_with('#') {
+            return Err(format!("unexpected line: {line:?}"));
+        } else {
+            let (series, value) = line.rsplit_once(' ').ok_or(format!("bad sample: {line}"))?;
+            let name = series.split('{').next().unwrap_or_default();
+            if !types.contains_key(name) || !help.contains(name) {
+                return Err(format!("sample before its HELP/TYPE: {line}"));
+            }
+            if series.contains('{') && !series.ends_with('}') {
+                return Err(format!("bad labels: {line}"));
+            }
+            let value: f64 = value.parse().map_err(|_| format!("bad value: {line}"))?;
+            if samples.insert(series.to_string(), value).is_some() {
+                return Err(format!("repeated series: {line}"));
+            }
+        }
+    }
+    Ok(samples)
+}
+
+#[tokio::test]
+async fn metrics_expose_role_leader_readiness_promotions_decisions_and_lag() -> TestResult {
+    let s = Sidecar::new(Snapshot {
+        health: assess(&serving()),
+        promotions: 3,
+        learners_removed: 1,
+    })?;
+    for action in ["restart", "join", "restart"] {
+        record_decision(s.data_dir(), &serde_json::json!({ "action": action }))?;
+    }
+    let a = s.get("/metrics").await?;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(
+        a.content_type.starts_with("text/plain; version=0.0.4"),
+        "{}",
+        a.content_type
+    );
+    let samples = parse_exposition(&a.text()).map_err(|e| format!("{e}\n{}", a.text()))?;
+    let expected = [
+        (r#"etcd_steward_member_role{role="voter"}"#, 1.0),
+        (r#"etcd_steward_member_role{role="learner"}"#, 0.0),
+        ("etcd_steward_leader_present", 1.0),
+        ("etcd_steward_ready", 1.0),
+        ("etcd_steward_live", 1.0),
+        ("etcd_steward_promotions_total", 3.0),
+        ("etcd_steward_learners_removed_total", 1.0),
+        (
+            r#"etcd_steward_init_decisions_total{action="restart"}"#,
+            2.0,
+        ),
+        (r#"etcd_steward_init_decisions_total{action="join"}"#, 1.0),
+        ("etcd_steward_raft_index_lag", 5.0),
+    ];
+    for (series, value) in expected {
+        assert_eq!(
+            samples.get(series),
+            Some(&value),
+            "{series} in\n{}",
+            a.text()
+        );
+    }
+    assert_eq!(samples.len(), expected.len(), "{}", a.text());
+    Ok(())
+}
+
+#[tokio::test]
+async fn metrics_of_a_learner_without_a_leader_index_show_no_lag() -> TestResult {
+    let s = Sidecar::observing(&LocalObservation {
+        leader_index: None,
+        linearizable: None,
+        ..with_status(|s| s.is_learner = true)
+    })?;
+    let a = s.get("/metrics").await?;
+    let samples = parse_exposition(&a.text())?;
+    assert_eq!(
+        samples.get(r#"etcd_steward_member_role{role="learner"}"#),
+        Some(&1.0)
+    );
+    assert_eq!(
+        samples.get(r#"etcd_steward_member_role{role="voter"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(samples.get("etcd_steward_ready"), Some(&0.0));
+    assert_eq!(samples.get("etcd_steward_leader_present"), Some(&1.0));
+    assert!(
+        !a.text().contains("etcd_steward_raft_index_lag"),
+        "{}",
+        a.text()
+    );
+    Ok(())
+}
+
+#[test]
+fn metrics_before_any_observation_or_decision_are_well_formed() -> Result<(), String> {
+    let text = render_metrics(&snapshot(Health::starting()), &BTreeMap::new());
+    let samples = parse_exposition(&text)?;
+    assert_eq!(
+        samples.get(r#"etcd_steward_member_role{role="voter"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(
+        samples.get(r#"etcd_steward_member_role{role="learner"}"#),
+        Some(&0.0)
+    );
+    assert_eq!(samples.get("etcd_steward_ready"), Some(&0.0));
+    assert_eq!(samples.get("etcd_steward_live"), Some(&1.0));
+    assert!(
+        !samples
+            .keys()
+            .any(|k| k.starts_with("etcd_steward_init_decisions_total")),
+        "{text}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// /peer/report: the bootstrap evidence other pods read
+// ---------------------------------------------------------------------------------------
+
+fn frame(record: &[u8]) -> Vec<u8> {
+    let pad = (8 - record.len() % 8) % 8;
+    let mut word = record.len() as u64;
+    if pad > 0 {
+        word |= (0x80 | pad as u64) << 56;
+    }
+    let mut out = word.to_le_bytes().to_vec();
+    out.extend_from_slice(record);
+    out.extend(std::iter::repeat_n(0u8, pad));
+    out
+}
+
+fn varint(mut v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// The head of a WAL file as etcd writes it: a crc record, then the metadata record
+/// (`walpb.Record{type: 1, data: etcdserverpb.Metadata{node_id, cluster_id}}`).
+fn wal_head(member: u64, cluster: u64) -> Vec<u8> {
+    let mut meta = vec![0x08];
+    meta.extend(varint(member));
+    meta.push(0x10);
+    meta.extend(varint(cluster));
+    let mut rec = vec![0x08, 0x01, 0x10, 0x05, 0x1a];
+    rec.extend(varint(meta.len() as u64));
+    rec.extend(meta);
+    let mut out = frame(&[0x08, 0x04, 0x10, 0x00]);
+    out.extend(frame(&rec));
+    out
+}
+
+fn write_wal(dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let wal = dir.join("member/wal");
+    std::fs::create_dir_all(&wal)?;
+    let path = wal.join("0000000000000000-0000000000000000.wal");
+    std::fs::write(&path, bytes)?;
+    Ok(path)
+}
+
+async fn report_of(s: &Sidecar) -> Result<PeerReport, Box<dyn std::error::Error>> {
+    let a = s.get("/peer/report").await?;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    assert_eq!(a.content_type, "application/json");
+    Ok(parse_report(&a.body, POD)?)
+}
+
+#[tokio::test]
+async fn peer_report_of_an_empty_volume_says_no_data() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let r = report_of(&s).await?;
+    assert_eq!(
+        r,
+        PeerReport {
+            name: POD.into(),
+            has_data: false,
+            wal: None,
+            wal_error: None,
+            formation: None,
+        }
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_report_of_a_volume_with_files_but_no_wal_says_no_data() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    std::fs::create_dir_all(s.data_dir().join("member/snap"))?;
+    std::fs::write(s.data_dir().join("member/wal.tmp"), b"")?;
+    assert!(!report_of(&s).await?.has_data);
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_report_of_a_volume_with_a_wal_names_its_member_and_cluster() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    write_wal(
+        s.data_dir(),
+        &wal_head(0xfca2_43bc_c8d8_f651, 0x64f3_ae8b_1535_4f88),
+    )?;
+    let a = s.get("/peer/report").await?;
+    assert!(
+        a.text().contains(r#""member_id":"fca243bcc8d8f651""#),
+        "IDs travel as etcd prints them: {}",
+        a.text()
+    );
+    let r = parse_report(&a.body, POD)?;
+    assert!(r.has_data);
+    assert_eq!(
+        r.wal,
+        Some(WalIdentity {
+            member_id: 0xfca2_43bc_c8d8_f651,
+            cluster_id: 0x64f3_ae8b_1535_4f88,
+        })
+    );
+    assert_eq!(r.wal_error, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_report_of_an_unreadable_wal_still_says_data_and_why() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    write_wal(s.data_dir(), b"not a wal at all, just bytes")?;
+    let r = report_of(&s).await?;
+    assert!(r.has_data, "a WAL that cannot be parsed is still data");
+    assert_eq!(r.wal, None);
+    assert!(
+        r.wal_error.as_deref().is_some_and(|e| e.contains(".wal")),
+        "{:?}",
+        r.wal_error
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_report_carries_the_formation_marker() -> TestResult {
+    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let marker = Formation {
+        nonce: "5f1c".into(),
+        initial_cluster: "etcd-0=http://etcd-0.etcd:2380,etcd-1=http://etcd-1.etcd:2380".into(),
+        token: Some("a9e0.5f1c".into()),
+    };
+    write_formation(s.data_dir(), &marker)?;
+    let r = report_of(&s).await?;
+    assert!(!r.has_data, "a marker alone is not etcd data");
+    assert_eq!(r.formation, Some(marker));
+    Ok(())
+}
+
+#[tokio::test]
+async fn peer_report_is_an_error_not_an_empty_volume_when_the_data_dir_is_a_file() -> TestResult {
+    // "Empty" is bootstrap evidence: a data dir that cannot be inspected must never say it.
+    let file = tempfile::NamedTempFile::new()?;
+    let (_tx, rx) = watch::channel(snapshot(Health::starting()));
+    let app = plain_port(AppState {
+        snapshot: rx,
+        name: Arc::from(POD),
+        data_dir: Arc::new(file.path().to_path_buf()),
+    });
+    let resp = app
+        .oneshot(Request::get("/peer/report").body(Body::empty())?)
+        .await?;
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = resp.into_body().collect().await?.to_bytes();
+    assert!(parse_report(&body, POD).is_err());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Methods and paths
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn post_to_healthz_is_method_not_allowed() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    assert_eq!(
+        s.call(Method::POST, "/healthz").await?.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_endpoint_refuses_writes() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    for path in ["/healthz", "/ready", "/metrics", "/peer/report"] {
+        for method in [Method::POST, Method::PUT, Method::DELETE] {
+            assert_eq!(
+                s.call(method.clone(), path).await?.status,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn head_is_answered_like_get_without_a_body() -> TestResult {
+    let s = Sidecar::observing(&with_status(|s| s.leader = 0))?;
+    let a = s.call(Method::HEAD, "/ready").await?;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(a.body.is_empty(), "{}", a.text());
+    assert_eq!(
+        s.call(Method::HEAD, "/healthz").await?.status,
+        StatusCode::OK
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_path_is_not_found() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    assert_eq!(s.get("/debug/pprof").await?.status, StatusCode::NOT_FOUND);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_kubelet_facing_router_does_not_serve_peer_reports() -> TestResult {
+    // With peer TLS on, reports are served only over mutual TLS on their own port.
+    let dir = tempfile::tempdir()?;
+    let (_tx, rx) = watch::channel(snapshot(Health::starting()));
+    let app = router(AppState {
+        snapshot: rx,
+        name: Arc::from(POD),
+        data_dir: Arc::new(dir.path().to_path_buf()),
+    });
+    let resp = app
+        .oneshot(Request::get("/peer/report").body(Body::empty())?)
+        .await?;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    Ok(())
+}
