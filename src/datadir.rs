@@ -363,6 +363,14 @@ pub fn record_decision(dir: &Path, line: &serde_json::Value) -> Result<(), DataD
     })
 }
 
+/// The action of the last decision `init` recorded on this volume, if any.
+pub fn last_decision(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(decisions_path(dir)).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let v = serde_json::from_str::<serde_json::Value>(line).ok()?;
+    v.get("action")?.as_str().map(str::to_string)
+}
+
 /// How many times `init` took each action on this volume (read by the sidecar's metrics).
 pub fn decision_counts(dir: &Path) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
@@ -519,9 +527,13 @@ mod tests {
         };
         write_formation(tmp.path(), &f)?;
         assert_eq!(inspect(tmp.path())?.formation, Some(f));
+        assert_eq!(last_decision(tmp.path()), None);
+        record_decision(tmp.path(), &serde_json::json!({"action": "resume"}))?;
+        assert_eq!(last_decision(tmp.path()).as_deref(), Some("resume"));
         record_decision(tmp.path(), &serde_json::json!({"action": "restart"}))?;
         record_decision(tmp.path(), &serde_json::json!({"action": "restart"}))?;
         assert_eq!(decision_counts(tmp.path()).get("restart"), Some(&2));
+        assert_eq!(last_decision(tmp.path()).as_deref(), Some("restart"));
         assert!(!inspect(tmp.path())?.has_data());
         Ok(())
     }

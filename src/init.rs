@@ -34,9 +34,18 @@ pub enum Outcome {
     Exec { bin: PathBuf, argv: Vec<String> },
 }
 
+/// After writing the formation marker: long enough for peers started at the same moment
+/// to write theirs, short next to etcd's own start.
+const PREPARE_PAUSE: Duration = Duration::from_millis(25);
+/// etcd refuses membership changes for 5 s after one ("unhealthy cluster"): retry on a
+/// flat period rather than a growing back-off, which would overshoot the window by seconds.
+const UNHEALTHY_CLUSTER_RETRY: Duration = Duration::from_millis(250);
+
+/// The back-off between rounds that wait: from 50 ms (peers started together answer within
+/// a few rounds) up to 5 s (a long wait costs its peers and DNS little).
 fn delays() -> impl Iterator<Item = Duration> {
     ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(150))
+        .with_min_delay(Duration::from_millis(50))
         .with_max_delay(Duration::from_secs(5))
         .with_factor(1.6)
         .with_jitter()
@@ -168,7 +177,7 @@ where
             } => {
                 datadir::write_formation(&cfg.data_dir, formation)?;
                 tracing::info!(nonce = %formation.nonce, "formation marker written; waiting for every initial pod to prepare");
-                Some(Duration::from_millis(100))
+                Some(PREPARE_PAUSE)
             }
             Action::Bootstrap {
                 step: BootstrapStep::Start,
@@ -217,17 +226,23 @@ where
                 };
                 if let Err(e) = &result {
                     match e {
+                        EtcdError::UnhealthyCluster => {
+                            tracing::info!(error = %e, retry_in = ?UNHEALTHY_CLUSTER_RETRY, "etcd refuses membership changes until its voters have been connected for 5 s; retrying");
+                            Some(UNHEALTHY_CLUSTER_RETRY)
+                        }
                         EtcdError::PeerUrlExists | EtcdError::MemberNotFound { .. } => {
                             tracing::info!(error = %e, "membership already changed by an earlier attempt; looking again");
+                            backoff.next()
                         }
                         EtcdError::TooManyLearners => {
                             tracing::warn!("waiting for our turn: another learner is joining and etcd allows one at a time");
+                            backoff.next()
                         }
                         _ => {
-                            tracing::warn!(error = %e, action = d.action.name(), "membership change failed; will retry")
+                            tracing::warn!(error = %e, action = d.action.name(), "membership change failed; will retry");
+                            backoff.next()
                         }
                     }
-                    backoff.next()
                 } else {
                     datadir::record_decision(&cfg.data_dir, &record())?;
                     None

@@ -167,6 +167,53 @@ async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// etcd accepts a learner's promotion once the leader sees its log caught up, which comes
+/// before the learner serves clients (it must apply that log first). The sidecar promotes it
+/// then, by the entry a voter lists for this pod's peer URL. Here the new member's client
+/// port is moved where the sidecar cannot reach it, so that is the only way it can promote.
+async fn learner_is_promoted_before_it_serves_clients(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 50).await;
+    let old = set.member_id(2).await;
+    set.kill(2).await;
+    set.wipe(2);
+    let scheme = if etcd.tls() { "https" } else { "http" };
+    let hidden_client = format!("--listen-client-urls={scheme}://{}:12379", set.pod(2).ip);
+    set.set_dns(2, true);
+    set.start_sidecar(2);
+    set.start_init_with(2, &[&hidden_client]);
+    wait_for_or(
+        HEAL,
+        "pod 2's new member promoted to voter",
+        || async {
+            set.members(0).await.is_some_and(|ms| {
+                ms.len() == 3 && ms.iter().all(|m| m.id() != old && !m.is_learner())
+            })
+        },
+        || set.dump(),
+    )
+    .await;
+    let logs = set.logs(2);
+    assert!(
+        logs.contains("learner promoted to voter") && logs.contains("before it serves clients"),
+        "{logs}"
+    );
+    let metrics = set.http(2, "/metrics").await.unwrap().1;
+    assert!(
+        metrics.contains("etcd_steward_promotions_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        !set.ready(2).await,
+        "its sidecar cannot reach its client port, so it must not call it ready"
+    );
+    set.shutdown().await;
+}
+
 async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
     let mut set = Set::new(etcd, 3).await;
     for o in 0..3 {
@@ -509,6 +556,7 @@ scenarios!(
     bootstrap_survives_a_pod_killed_midway,
     restart_keeps_member_id_and_data,
     wiped_member_rejoins_as_learner_with_new_id,
+    learner_is_promoted_before_it_serves_clients,
     full_restart_in_any_order_keeps_cluster_id,
     empty_member_waits_while_majority_is_down,
     scale_up_from_three_to_five,

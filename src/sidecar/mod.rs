@@ -24,10 +24,32 @@ use crate::identity::split_url;
 use health::{assess, AppState, Health, LocalObservation, PeerApi, Snapshot};
 use promote::{next_step, StallTracker, Step};
 
-/// How often the loop looks, as a voter and while this pod is a learner.
+/// How often the loop looks: once a second while this member is ready; ten times a second
+/// while it is not (etcd starting, or waiting for its peers), so `/ready` turns 200 within
+/// 100 ms of etcd serving; four times a second while it is a learner.
 const TICK: Duration = Duration::from_secs(1);
+const FAST_TICK: Duration = Duration::from_millis(100);
 const LEARNER_TICK: Duration = Duration::from_millis(250);
 const PEER_API_TIMEOUT: Duration = Duration::from_millis(800);
+/// The local member's status and serializable read are answered from its memory: when
+/// they take longer than this, etcd is busy (applying a log it was sent, or hung), and
+/// the loop moves on rather than stall.
+const LOCAL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// `call`, or a time-out error once `limit` has passed.
+async fn bounded<T>(
+    limit: Duration,
+    endpoint: &str,
+    call: impl std::future::Future<Output = Result<T, EtcdError>>,
+) -> Result<T, EtcdError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(EtcdError::TimedOut {
+            endpoint: endpoint.to_string(),
+            detail: format!("no answer within {limit:?}"),
+        }),
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum SidecarError {
@@ -194,7 +216,11 @@ impl<D: Dns, C: Connector> Control<D, C> {
         let (serializable, status, members) = match self.local().await {
             Err(e) => (Err(e.to_string()), Err(e.to_string()), None),
             Ok(local) => {
-                let (ser, st) = tokio::join!(local.serializable_read(), local.status());
+                let endpoint = local.endpoint();
+                let (ser, st) = tokio::join!(
+                    bounded(LOCAL_TIMEOUT, endpoint, local.serializable_read()),
+                    bounded(LOCAL_TIMEOUT, endpoint, local.status())
+                );
                 // A refusal for want of credentials is still etcd answering locally.
                 let ser = match ser {
                     Err(EtcdError::Unauthorized { .. }) => Ok(()),
@@ -214,7 +240,7 @@ impl<D: Dns, C: Connector> Control<D, C> {
         // A learner may be refused the member list, or hold a stale one: ask the voters.
         let members = match &status {
             Ok(s) if s.is_learner => match self.members_from_peers().await {
-                Some(m) => Some(m),
+                Some((_, m)) => Some(m),
                 None => members,
             },
             _ => members,
@@ -251,6 +277,8 @@ impl<D: Dns, C: Connector> Control<D, C> {
             leader_index,
         };
         let health = assess(&observation);
+        let ready = health.ready.ok;
+        let etcd_runs = observation.peer_api == Some(PeerApi::Answered);
         let changed = self.tx.borrow().health.ready != health.ready
             || self.tx.borrow().health.live != health.live;
         if changed {
@@ -260,7 +288,10 @@ impl<D: Dns, C: Connector> Control<D, C> {
 
         let Ok(status) = status else {
             self.tracker.reset();
-            return TICK;
+            if etcd_runs {
+                self.promote_before_serving().await;
+            }
+            return FAST_TICK;
         };
         if status.is_learner {
             self.try_promote(&status, leader_index, members.as_deref())
@@ -273,17 +304,72 @@ impl<D: Dns, C: Connector> Control<D, C> {
         } else {
             self.tracker.reset();
         }
-        TICK
+        if ready {
+            TICK
+        } else {
+            FAST_TICK
+        }
     }
 
-    /// The member list as the first other pod that answers has it.
-    async fn members_from_peers(&mut self) -> Option<Vec<MemberInfo>> {
+    /// Promotes this pod's learner while its etcd runs but does not serve clients yet.
+    ///
+    /// A new member receives the leader's log (or a snapshot) and serves clients only once
+    /// it has applied all of it, which with a large keyspace takes seconds. etcd accepts the
+    /// promotion earlier, as soon as the leader sees the learner's log caught up. Its own
+    /// status is out of reach meanwhile, so its entry is found in a voter's member list, by
+    /// this pod's peer URL, and the promotion is asked of that voter (a follower forwards it
+    /// to the leader, which refuses it while the learner is behind).
+    ///
+    /// Only when `init` last started etcd as a member joining a running cluster: a voter
+    /// restarted without quorum also runs without serving, and its peers, equally without
+    /// quorum, would only keep the loop waiting.
+    async fn promote_before_serving(&mut self) {
+        if crate::datadir::last_decision(&self.cfg.data_dir).as_deref() != Some("resume") {
+            return;
+        }
+        let own = self.cfg.identity.peer_url(self.cfg.identity.ordinal);
+        let Some((via, members)) = self.members_from_peers().await else {
+            return;
+        };
+        let Some(me) = members
+            .iter()
+            .find(|m| m.peer_urls.iter().any(|u| *u == own))
+        else {
+            return;
+        };
+        if me.is_learner {
+            let id = me.id;
+            self.promote_via(&via, id, "before it serves clients").await;
+        }
+    }
+
+    /// Asks the member at `url` to promote learner `id`, and logs what came of it.
+    async fn promote_via(&mut self, url: &str, id: u64, when: &str) {
+        let Some(voter) = self.remote(url).await else {
+            return;
+        };
+        match voter.promote(id).await {
+            Ok(()) => {
+                tracing::info!(member_id = %format!("{id:x}"), via = url, when, "learner promoted to voter");
+                self.tx.send_modify(|s| s.promotions += 1);
+            }
+            Err(EtcdError::LearnerNotReady { .. }) => {
+                tracing::debug!("etcd says the learner is not in sync yet; retrying");
+            }
+            Err(EtcdError::AlreadyVoter { .. }) => tracing::info!("already a voter"),
+            Err(e) => tracing::warn!(error = %e, "promotion failed; retrying"),
+        }
+    }
+
+    /// The member list as the first other pod that answers has it, with that pod's URL.
+    async fn members_from_peers(&mut self) -> Option<(String, Vec<MemberInfo>)> {
         let id = self.cfg.identity.clone();
         let top = self.cfg.replicas.max(id.ordinal + 1) + 2;
         for o in (0..top).filter(|o| *o != id.ordinal) {
-            if let Some(peer) = self.remote(&id.client_url(o)).await {
+            let url = id.client_url(o);
+            if let Some(peer) = self.remote(&url).await {
                 match peer.members().await {
-                    Ok((_, members)) => return Some(members),
+                    Ok((_, members)) => return Some((url, members)),
                     Err(e) => tracing::debug!(peer = o, error = %e, "member list from peer failed"),
                 }
             }
@@ -321,20 +407,8 @@ impl<D: Dns, C: Connector> Control<D, C> {
                     .and_then(|m| m.client_urls.first())
                     .cloned();
                 let Some(url) = leader_url else { return };
-                let Some(leader) = self.remote(&url).await else {
-                    return;
-                };
-                match leader.promote(id).await {
-                    Ok(()) => {
-                        tracing::info!(member_id = %format!("{id:x}"), raft_index = status.raft_index, leader_index = leader_index.unwrap_or_default(), "learner promoted to voter");
-                        self.tx.send_modify(|s| s.promotions += 1);
-                    }
-                    Err(EtcdError::LearnerNotReady { .. }) => {
-                        tracing::debug!("etcd says the learner is not in sync yet; retrying");
-                    }
-                    Err(EtcdError::AlreadyVoter { .. }) => tracing::info!("already a voter"),
-                    Err(e) => tracing::warn!(error = %e, "promotion failed; retrying"),
-                }
+                self.promote_via(&url, id, "caught up with the leader")
+                    .await;
             }
             Step::CatchingUp {
                 index,
