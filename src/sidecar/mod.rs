@@ -331,10 +331,7 @@ impl<D: Dns, C: Connector> Control<D, C> {
         let Some((via, members)) = self.members_from_peers().await else {
             return;
         };
-        let Some(me) = members
-            .iter()
-            .find(|m| m.peer_urls.iter().any(|u| *u == own))
-        else {
+        let Some(me) = members.iter().find(|m| m.peer_urls.contains(&own)) else {
             return;
         };
         if me.is_learner {
