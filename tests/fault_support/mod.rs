@@ -35,24 +35,6 @@ pub const DEFAULT_IMAGE: &str = "etcd-steward:test";
 /// Where Debian's etcd 3.4 is mounted in a pod that runs it.
 const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
 
-/// Whether the fault suite was asked for (`STEWARD_FAULT_SUITE=1`). When it was not, the
-/// first caller prints one line saying so (to the real stderr, past the test harness's
-/// capture) and every scenario passes without touching Docker.
-pub fn requested() -> bool {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    if std::env::var("STEWARD_FAULT_SUITE").as_deref() == Ok("1") {
-        return true;
-    }
-    SAID.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "fault suite (tests/fault.rs) not requested: set STEWARD_FAULT_SUITE=1 to run it \
-             (needs Docker and the image built by images/build-test-image.sh)"
-        );
-    });
-    false
-}
-
 /// Scenarios running at once (`STEWARD_FAULT_PARALLEL`, default 2). A heavy scenario takes
 /// every slot.
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
@@ -671,6 +653,11 @@ impl Cluster {
             assert!(
                 ms.iter().all(|m| !m.is_learner()),
                 "pod {o} sees a learner: {ms:?}"
+            );
+            assert_eq!(
+                ms.len(),
+                pods.len(),
+                "pod {o}: pods {pods:?} are the only members: {ms:?}"
             );
             let ids: Vec<u64> = ms.iter().map(|m| m.id()).collect();
             memberships.insert(format!("{ids:?}"));
