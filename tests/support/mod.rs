@@ -78,6 +78,8 @@ pub struct Set {
     /// More etcd-steward options for every pod started from now on.
     pub extra_args: Vec<String>,
     dns: Option<Child>,
+    /// Names published at another pod's address than their own (DNS answering wrong).
+    wrong_addresses: std::collections::BTreeMap<u32, Ipv4Addr>,
     published: BTreeSet<u32>,
 }
 
@@ -100,6 +102,7 @@ impl Set {
             pki: None,
             extra_args: Vec::new(),
             dns: None,
+            wrong_addresses: Default::default(),
             published: BTreeSet::new(),
         };
         std::fs::write(
@@ -187,7 +190,10 @@ impl Set {
         let lines: String = self
             .published
             .iter()
-            .map(|o| format!("{} {}\n", self.pod(*o).ip, self.host(*o)))
+            .map(|o| {
+                let ip = self.wrong_addresses.get(o).unwrap_or(&self.pod(*o).ip);
+                format!("{ip} {}\n", self.host(*o))
+            })
             .collect();
         std::fs::write(self.hosts_file(), lines).unwrap();
         let pid = std::fs::read_to_string(self.root.path().join("dnsmasq.pid")).unwrap_or_default();
@@ -206,6 +212,16 @@ impl Set {
             self.published.remove(&o);
         }
         self.write_hosts();
+    }
+
+    /// Publishes pod `o`'s name at `ip` (another pod's address: DNS answering wrong), or
+    /// at its own address again with `None`.
+    pub fn set_dns_address(&mut self, o: u32, ip: Option<Ipv4Addr>) {
+        match ip {
+            Some(ip) => self.wrong_addresses.insert(o, ip),
+            None => self.wrong_addresses.remove(&o),
+        };
+        self.set_dns(o, true);
     }
 
     fn common_args(&self, o: u32) -> Vec<String> {

@@ -1,0 +1,117 @@
+//! DNS that misbehaves never counts as evidence. A server that answers SERVFAIL, one that
+//! never answers, and one that publishes a peer's name at another pod's address all end
+//! in `wait`: `init` forms no cluster on what DNS failed to say.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::Output;
+
+use axum::routing::get;
+use support::{steward_bin, Etcd, Set};
+use tokio::net::UdpSocket;
+
+/// A DNS server on loopback that answers every query with SERVFAIL (`servfail`), or
+/// reads queries and never answers. Returns its address.
+async fn broken_dns(servfail: bool) -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1500];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            if !servfail || n < 12 {
+                continue;
+            }
+            // The query itself, turned into a response (QR, RA) with RCODE 2 (SERVFAIL)
+            // and no answers: the question section is echoed as DNS requires.
+            let mut answer = buf[..n].to_vec();
+            answer[2] |= 0x80;
+            answer[3] = (answer[3] & 0x70) | 0x80 | 0x02;
+            let _ = socket.send_to(&answer, from).await;
+        }
+    });
+    addr
+}
+
+async fn dry_run_with_dns(dns: SocketAddr, data_dir: &std::path::Path) -> Output {
+    tokio::process::Command::new(steward_bin())
+        .args(["init", "--dry-run", "--name=etcd-0", "--replicas=3"])
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!("--dns-server={dns}"))
+        .arg("--listen-ip=127.0.0.1")
+        .env("ETCD_STEWARD_LOG", "off")
+        .env_remove("HOSTNAME")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn waits_on_dns(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["action"], "wait", "{decision}");
+    let reason = decision["reason"].as_str().unwrap().to_string();
+    assert!(reason.contains("DNS lookup failed"), "{reason}");
+    reason
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_answering_servfail_means_wait_never_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dry_run_with_dns(broken_dns(true).await, dir.path()).await;
+    waits_on_dns(&out);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_that_never_answers_means_wait_never_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dry_run_with_dns(broken_dns(false).await, dir.path()).await;
+    let reason = waits_on_dns(&out);
+    assert!(
+        reason.contains("etcd-1") && reason.contains("etcd-2"),
+        "{reason}"
+    );
+}
+
+/// Serves an empty-volume report for pod `o` on its own address.
+async fn empty_sidecar(set: &Set, o: u32) {
+    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
+    let body = serde_json::json!({"name": format!("etcd-{o}"), "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let app = axum::Router::new().route("/peer/report", get(move || async move { body }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_answering_a_wrong_address_means_wait_never_bootstrap() {
+    let mut set = Set::new(Etcd::V3_5, 3).await;
+    for o in 0..3 {
+        set.set_dns(o, true);
+    }
+    empty_sidecar(&set, 1).await;
+    empty_sidecar(&set, 2).await;
+    // Every peer answers empty at its own address: this is the proof a bootstrap needs.
+    let control = set.dry_run(0).await;
+    assert_eq!(control["action"], "bootstrap", "{control}");
+
+    // etcd-1's name now points at etcd-2: the answer comes from the wrong pod, so etcd-1
+    // has said nothing about its volume.
+    let wrong = set.pod(2).ip;
+    set.set_dns_address(1, Some(wrong));
+    let decision = set.dry_run(0).await;
+    assert_eq!(decision["action"], "wait", "{decision}");
+    let reason = decision["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("etcd-1: sidecar did not answer") && reason.contains("etcd-2"),
+        "{reason}"
+    );
+    set.shutdown().await;
+}
