@@ -41,6 +41,11 @@ const PREPARE_PAUSE: Duration = Duration::from_millis(25);
 /// flat period rather than a growing back-off, which would overshoot the window by seconds.
 const UNHEALTHY_CLUSTER_RETRY: Duration = Duration::from_millis(250);
 
+/// How long a formation member other than ordinal 0 waits for ordinal 0's etcd to serve
+/// its peer API before it starts etcd anyway (the others can form a quorum without it).
+const SEED_WAIT: Duration = Duration::from_secs(2);
+const SEED_POLL: Duration = Duration::from_millis(10);
+
 /// The back-off between rounds that wait: from 50 ms (peers started together answer within
 /// a few rounds) up to 5 s (a long wait costs its peers and DNS little).
 fn delays() -> impl Iterator<Item = Duration> {
@@ -185,6 +190,9 @@ where
             } => {
                 datadir::write_formation(&cfg.data_dir, formation)?;
                 datadir::record_decision(&cfg.data_dir, &record())?;
+                if cfg.identity.ordinal != 0 {
+                    wait_for_seed(&cfg, &facts).await;
+                }
                 let mode = StartMode::New {
                     initial_cluster: formation.initial_cluster.clone(),
                     token: formation.token.clone().unwrap_or_default(),
@@ -253,6 +261,44 @@ where
             tokio::time::sleep(p).await;
         }
     }
+}
+
+/// Before a new cluster's member other than ordinal 0 starts etcd: wait (bounded) until
+/// ordinal 0's etcd serves its peer API.
+///
+/// Why: etcd starting a new cluster first asks its peers' `/members` whether the cluster
+/// was already bootstrapped, one peer after another in URL order, allowing each a second.
+/// A peer whose port is bound but does not serve yet (it is busy with the same question)
+/// holds the question for that whole second, so members started at the same instant often
+/// stall each other for 1–2 s. Ordinal 0's URL sorts first: once its etcd serves, every
+/// other member's question is answered at once, and ordinal 0's own question, asked of
+/// peers not yet listening, is refused at once.
+async fn wait_for_seed(cfg: &crate::config::Config, facts: &Facts) {
+    let id = &cfg.identity;
+    let Some(ip) = facts
+        .peers
+        .iter()
+        .find(|p| p.ordinal == 0)
+        .and_then(|p| p.dns.first())
+    else {
+        return;
+    };
+    let addr = std::net::SocketAddr::new(ip, id.peer_port);
+    let host = id.host(0);
+    let tls = cfg.peer_tls.as_ref().and_then(|t| t.client_config().ok());
+    let started = tokio::time::Instant::now();
+    tracing::info!(seed = %host, limit = ?SEED_WAIT, "forming a new cluster: waiting for ordinal 0's etcd to serve its peer API, so etcd's bootstrap check is answered at once");
+    while started.elapsed() < SEED_WAIT {
+        let answer =
+            crate::http_get::get_with(addr, &host, "/version", SEED_POLL * 10, 4096, tls.as_ref())
+                .await;
+        if answer.is_ok() {
+            tracing::info!(seed = %host, waited = ?started.elapsed(), "ordinal 0's etcd serves; starting etcd");
+            return;
+        }
+        tokio::time::sleep(SEED_POLL).await;
+    }
+    tracing::info!(seed = %host, waited = ?started.elapsed(), "ordinal 0's etcd does not serve yet; starting etcd anyway (the other members can form a quorum)");
 }
 
 fn exec(init: &InitConfig, mode: StartMode) -> Outcome {

@@ -294,9 +294,11 @@ impl<D: Dns, C: Connector> Control<D, C> {
             return FAST_TICK;
         };
         if status.is_learner {
-            self.try_promote(&status, leader_index, members.as_deref())
+            let promoted = self
+                .try_promote(&status, leader_index, members.as_deref())
                 .await;
-            return LEARNER_TICK;
+            // Once promoted, look again soon: the member is ready as a voter at once.
+            return if promoted { FAST_TICK } else { LEARNER_TICK };
         }
         if status.leader == status.member_id {
             self.remove_stalled_learners(&status, members.as_deref())
@@ -341,20 +343,29 @@ impl<D: Dns, C: Connector> Control<D, C> {
     }
 
     /// Asks the member at `url` to promote learner `id`, and logs what came of it.
-    async fn promote_via(&mut self, url: &str, id: u64, when: &str) {
+    /// Returns whether the member is a voter now.
+    async fn promote_via(&mut self, url: &str, id: u64, when: &str) -> bool {
         let Some(voter) = self.remote(url).await else {
-            return;
+            return false;
         };
         match voter.promote(id).await {
             Ok(()) => {
                 tracing::info!(member_id = %format!("{id:x}"), via = url, when, "learner promoted to voter");
                 self.tx.send_modify(|s| s.promotions += 1);
+                true
             }
             Err(EtcdError::LearnerNotReady { .. }) => {
                 tracing::debug!("etcd says the learner is not in sync yet; retrying");
+                false
             }
-            Err(EtcdError::AlreadyVoter { .. }) => tracing::info!("already a voter"),
-            Err(e) => tracing::warn!(error = %e, "promotion failed; retrying"),
+            Err(EtcdError::AlreadyVoter { .. }) => {
+                tracing::info!("already a voter");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "promotion failed; retrying");
+                false
+            }
         }
     }
 
@@ -388,12 +399,13 @@ impl<D: Dns, C: Connector> Control<D, C> {
         self.remote(&url).await?.status().await.ok()
     }
 
+    /// Returns whether this member was promoted.
     async fn try_promote(
         &mut self,
         status: &MemberStatus,
         leader_index: Option<u64>,
         members: Option<&[MemberInfo]>,
-    ) {
+    ) -> bool {
         let step = next_step(status, leader_index);
         tracing::debug!(?step, leader = %format!("{:x}", status.leader), members = members.map(<[MemberInfo]>::len), "learner step");
         match step {
@@ -403,17 +415,18 @@ impl<D: Dns, C: Connector> Control<D, C> {
                     .and_then(|ms| ms.iter().find(|m| m.id == status.leader))
                     .and_then(|m| m.client_urls.first())
                     .cloned();
-                let Some(url) = leader_url else { return };
+                let Some(url) = leader_url else { return false };
                 self.promote_via(&url, id, "caught up with the leader")
-                    .await;
+                    .await
             }
             Step::CatchingUp {
                 index,
                 leader_index,
             } => {
                 tracing::debug!(index, leader_index, "learner catching up");
+                false
             }
-            Step::NoLeader | Step::Voter => {}
+            Step::NoLeader | Step::Voter => false,
         }
     }
 
