@@ -272,38 +272,3 @@ fn a_read_only_data_disk_fails_with_one_line_naming_it() {
         "{stderr}"
     );
 }
-
-#[test]
-fn dns_that_fails_or_times_out_means_wait_never_bootstrap() {
-    let dir = tempfile::tempdir().unwrap();
-    let arg = format!("--data-dir={}", dir.path().display());
-    // Nothing answers on port 9: every lookup fails or times out.
-    let out = steward(&[
-        "init",
-        "--dry-run",
-        "--name=etcd-1",
-        "--replicas=3",
-        &arg,
-        "--dns-server=127.0.0.1:9",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(decision["action"], "wait", "{decision}");
-    assert!(
-        decision["reason"]
-            .as_str()
-            .unwrap()
-            .contains("DNS lookup failed"),
-        "{decision}"
-    );
-    assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
-        0,
-        "a dry run writes nothing"
-    );
-}

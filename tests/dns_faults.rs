@@ -1,16 +1,15 @@
-//! DNS that misbehaves never counts as evidence. A server that answers SERVFAIL, one that
-//! never answers, and one that publishes a peer's name at another pod's address all end
+//! DNS that misbehaves never counts as evidence. A server that refuses queries, one that
+//! answers SERVFAIL, one that never answers, and one that publishes a peer's name at another pod's address all end
 //! in `wait`: `init` forms no cluster on what DNS failed to say.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::Output;
 
-use axum::routing::get;
-use support::{steward_bin, Etcd, Set};
+use support::{empty_report, fake_sidecar, steward_bin, Etcd, Set};
 use tokio::net::UdpSocket;
 
 /// A DNS server on loopback that answers every query with SERVFAIL (`servfail`), or
@@ -63,6 +62,19 @@ fn waits_on_dns(out: &Output) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_refusing_queries_means_wait_and_a_dry_run_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 9: every query is refused.
+    let out = dry_run_with_dns("127.0.0.1:9".parse().unwrap(), dir.path()).await;
+    waits_on_dns(&out);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "a dry run writes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_answering_servfail_means_wait_never_bootstrap() {
     let dir = tempfile::tempdir().unwrap();
     let out = dry_run_with_dns(broken_dns(true).await, dir.path()).await;
@@ -81,23 +93,14 @@ async fn dns_that_never_answers_means_wait_never_bootstrap() {
     );
 }
 
-/// Serves an empty-volume report for pod `o` on its own address.
-async fn empty_sidecar(set: &Set, o: u32) {
-    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
-    let body = serde_json::json!({"name": format!("etcd-{o}"), "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string();
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let app = axum::Router::new().route("/peer/report", get(move || async move { body }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_answering_a_wrong_address_means_wait_never_bootstrap() {
     let mut set = Set::new(Etcd::V3_5, 3).await;
     for o in 0..3 {
         set.set_dns(o, true);
     }
-    empty_sidecar(&set, 1).await;
-    empty_sidecar(&set, 2).await;
+    fake_sidecar(&set, 1, empty_report("etcd-1")).await;
+    fake_sidecar(&set, 2, empty_report("etcd-2")).await;
     // Every peer answers empty at its own address: this is the proof a bootstrap needs.
     let control = set.dry_run(0).await;
     assert_eq!(control["action"], "bootstrap", "{control}");

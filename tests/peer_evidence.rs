@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::routing::get;
 use etcd_steward::http_get::get_with;
 use etcd_steward::report::parse_report;
-use support::{wait_for, Etcd, Set};
+use support::{empty_report, fake_sidecar, wait_for, Etcd, Set};
 
 fn report_addr(set: &Set, o: u32) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8443)
@@ -98,10 +98,6 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     set.shutdown().await;
 }
 
-fn empty_report(name: &str) -> String {
-    serde_json::json!({"name": name, "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
     let mut set = Set::new(Etcd::V3_5Tls, 3).await;
@@ -152,14 +148,6 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
         "{reason}"
     );
     set.shutdown().await;
-}
-
-/// Serves `body` for /peer/report on a pod's plain sidecar port.
-async fn fake_sidecar(set: &Set, o: u32, body: String) {
-    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let app = axum::Router::new().route("/peer/report", get(move || async move { body }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

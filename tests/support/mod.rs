@@ -630,3 +630,19 @@ pub fn has_wal(dir: &Path) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// The report a sidecar gives for an empty volume.
+pub fn empty_report(name: &str) -> String {
+    serde_json::json!({"name": name, "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string()
+}
+
+/// Serves `body` for /peer/report on pod `o`'s plain sidecar port, in place of its sidecar.
+pub async fn fake_sidecar(set: &Set, o: u32, body: String) {
+    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let app = axum::Router::new().route(
+        "/peer/report",
+        axum::routing::get(move || async move { body }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+}
