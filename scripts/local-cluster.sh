@@ -24,7 +24,8 @@ for o in $(seq 0 $((REPLICAS - 1))); do
 done
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo "stopped; data and logs in $DIR"; }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 dnsmasq --keep-in-foreground --no-resolv --no-hosts --bind-interfaces --port=53 --user=root \
   --local-ttl=0 --no-negcache --listen-address=$NET.1 --addn-hosts="$DIR/hosts" \
   --local=/cluster.local/ --log-facility=- 2>/dev/null & pids+=($!)
