@@ -189,6 +189,9 @@ fn gate_on_own_dns(f: &Facts, d: Decision) -> Decision {
 
 fn decide_with_data(f: &Facts) -> Decision {
     let ClusterFacts::Healthy(view) = &f.cluster else {
+        if let Some(d) = outnumbered_by_another_cluster(f) {
+            return d;
+        }
         return decision(
             Action::Restart,
             "the volume holds member data and no live cluster answered: etcd starts on its data and waits for its peers",
@@ -226,6 +229,37 @@ fn decide_with_data(f: &Facts) -> Decision {
             "the WAL's identity could not be read and the cluster has no member at this pod's peer URL: its data is set aside and this pod joins",
         ),
     }
+}
+
+/// With data and no live cluster to ask: whether the peers' volumes show that this one is
+/// the odd one out, i.e. more pods hold another cluster's WAL than hold this one's. Started,
+/// such a volume (a restored backup, a PVC from elsewhere) would run as a cluster of its own
+/// beside the real one; so it waits until that cluster answers, then is set aside and joins.
+/// Fewer or as many holders of another cluster (a tie, or one stray volume elsewhere) do not
+/// hold a member with data back: persistence over availability.
+fn outnumbered_by_another_cluster(f: &Facts) -> Option<Decision> {
+    let own = f.data.wal_identity()?.cluster_id;
+    let mut holders: std::collections::BTreeMap<u64, Vec<&str>> = Default::default();
+    for p in &f.peers {
+        if let Some(Ok(PeerReport {
+            wal: Some(w), name, ..
+        })) = &p.report
+        {
+            holders.entry(w.cluster_id).or_default().push(name);
+        }
+    }
+    let ours = 1 + holders.get(&own).map_or(0, Vec::len);
+    let (other, names) = holders
+        .iter()
+        .filter(|(c, _)| **c != own)
+        .max_by_key(|(_, names)| names.len())?;
+    (names.len() > ours).then(|| {
+        wait(format!(
+            "this volume holds data of cluster {own:x}, but {} hold data of cluster {other:x}: this data is not started as a cluster of its own; waiting for cluster {other:x} to answer, then it is set aside and this pod joins{}",
+            names.join(", "),
+            not_reached(f)
+        ))
+    })
 }
 
 /// A member that has never started has published no client URLs (its name, by contrast,

@@ -66,10 +66,14 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
             CLUSTER_DEADLINE_EMPTY
         };
         let cluster = self.cluster_view(&peers, deadline);
+        // With data the reports only tell whether this volume is the odd one out, and must
+        // not hold up a restart longer than the cluster may.
+        let report_timeout = if data.has_data() {
+            CLUSTER_DEADLINE_WITH_DATA
+        } else {
+            REPORT_TIMEOUT
+        };
         let reports = async {
-            if data.has_data() {
-                return Vec::new();
-            }
             let mut set = JoinSet::new();
             for (o, lookup) in &peers {
                 let (o, lookup) = (*o, lookup.clone());
@@ -83,8 +87,14 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
                 set.spawn(async move {
                     let report = match lookup.first() {
                         Some(ip) => Some(
-                            fetch_report(SocketAddr::new(ip, port), &host, &name, tls.as_ref())
-                                .await,
+                            fetch_report(
+                                SocketAddr::new(ip, port),
+                                &host,
+                                &name,
+                                tls.as_ref(),
+                                report_timeout,
+                            )
+                            .await,
                         ),
                         None => None,
                     };
@@ -212,17 +222,12 @@ pub async fn fetch_report(
     host: &str,
     name: &str,
     tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    timeout: Duration,
 ) -> Result<PeerReport, String> {
-    let (status, body) = http_get::get_with(
-        addr,
-        host,
-        "/peer/report",
-        REPORT_TIMEOUT,
-        MAX_REPORT_BYTES,
-        tls,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let (status, body) =
+        http_get::get_with(addr, host, "/peer/report", timeout, MAX_REPORT_BYTES, tls)
+            .await
+            .map_err(|e| e.to_string())?;
     if status != 200 {
         return Err(format!("answered HTTP {status}"));
     }

@@ -549,6 +549,136 @@ async fn membership_works_with_etcd_authentication() {
     set.shutdown().await;
 }
 
+/// The `set-aside/<time>-<why>` directories in a pod's volume.
+fn set_aside_dirs(data_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(data_dir.join("set-aside"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+/// Checks that pod `o` came back as a new member with every key, its old WAL renamed aside
+/// (not deleted) for the reason `why`, and the log saying where.
+async fn came_back_with_data_set_aside(set: &Set, o: u32, old: u64, keys: i64, why: &str) {
+    let new = set.member_id(o).await;
+    assert_ne!(new, old, "a new member ID, never the old one");
+    // Asked a few times: a single call may time out on a loaded machine (it returns -1).
+    wait_for(
+        Duration::from_secs(15),
+        "all keys on the new member",
+        || async { set.count_keys_on(o, "k/").await == keys },
+    )
+    .await;
+    let aside = set_aside_dirs(&set.pod(o).data_dir);
+    assert_eq!(aside.len(), 1, "one set-aside: {aside:?}");
+    assert!(
+        aside[0].to_string_lossy().ends_with(why),
+        "{aside:?} is named for {why}"
+    );
+    assert!(has_wal(&aside[0]), "the old WAL is kept in {aside:?}");
+    let decisions = set.decisions(o);
+    assert!(
+        decisions.contains(&"set-aside".into()) && decisions.contains(&"join".into()),
+        "{decisions:?}"
+    );
+    let logs = set.logs(o);
+    assert!(
+        logs.contains("data set aside (renamed, not deleted)")
+            && logs.contains(&*aside[0].to_string_lossy()),
+        "the log says where the data went"
+    );
+}
+
+/// An operator removed this member while its pod was down: the volume holds a WAL the
+/// cluster no longer lists. Its data is renamed aside and the pod joins as a new learner.
+async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 100).await;
+    let old = set.member_id(2).await;
+    set.kill(2).await;
+    // etcd refuses membership changes until its voters have been connected a few seconds.
+    wait_for(HEAL, "etcd-2's member removed", || async {
+        let mut admin = set.client(0).await;
+        admin.member_remove(old).await.is_ok()
+    })
+    .await;
+    set.start(2);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    came_back_with_data_set_aside(&set, 2, old, 100, "-removed-member").await;
+    set.shutdown().await;
+}
+
+/// A volume that holds another cluster's data (restored from elsewhere, or a reused PVC)
+/// comes back while the rest of the cluster's etcd is down. Its peers' sidecars report the
+/// real cluster's volumes, so it is never started as a cluster of its own: it waits, and
+/// once the cluster is back its data is renamed aside and the pod joins.
+async fn another_clusters_volume_is_set_aside_and_the_pod_joins(etcd: Etcd) {
+    let mut set = Set::new(etcd, 3).await;
+    for o in 0..3 {
+        set.start(o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.put_keys("k", 100).await;
+    let old = set.member_id(2).await;
+    set.kill(2).await;
+    set.wipe(2);
+    // A one-member cluster of its own, on etcd-2's volume, with another token.
+    let pod = set.pod(2);
+    let (peer, client) = (
+        format!("http://{}:2380", pod.ip),
+        format!("http://{}:2379", pod.ip),
+    );
+    let mut other = tokio::process::Command::new(set.etcd.bin())
+        .arg("--name=etcd-2")
+        .arg(format!("--data-dir={}", pod.data_dir.display()))
+        .arg(format!("--initial-cluster=etcd-2={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg("--initial-cluster-token=another-cluster")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let data_dir = pod.data_dir.clone();
+    wait_for(FORM, "the other cluster's WAL", || async {
+        has_wal(&data_dir)
+    })
+    .await;
+    other.kill().await.unwrap();
+    // No cluster can answer; the other pods' sidecars still report their volumes.
+    set.kill_etcd(0).await;
+    set.kill_etcd(1).await;
+    set.start(2);
+    wait_for_or(
+        HEAL,
+        "etcd-2 to wait rather than start the other cluster's data",
+        || async {
+            set.logs(2)
+                .contains("this data is not started as a cluster of its own")
+        },
+        || set.dump(),
+    )
+    .await;
+    set.start_init(0);
+    set.start_init(1);
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    came_back_with_data_set_aside(&set, 2, old, 100, "-foreign-cluster").await;
+    assert!(
+        !set.decisions(2).contains(&"restart".into()),
+        "the other cluster's data was never started: {:?}",
+        set.decisions(2)
+    );
+    set.shutdown().await;
+}
+
 scenarios!(
     acknowledged_writes_survive_kills_and_wipes,
     fresh_bootstrap_together,
@@ -556,6 +686,8 @@ scenarios!(
     bootstrap_survives_a_pod_killed_midway,
     restart_keeps_member_id_and_data,
     wiped_member_rejoins_as_learner_with_new_id,
+    removed_members_data_is_set_aside_and_it_joins_anew,
+    another_clusters_volume_is_set_aside_and_the_pod_joins,
     learner_is_promoted_before_it_serves_clients,
     full_restart_in_any_order_keeps_cluster_id,
     empty_member_waits_while_majority_is_down,
