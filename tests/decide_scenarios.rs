@@ -1400,6 +1400,23 @@ mod invariants {
         }
 
         #[test]
+        fn a_volume_outnumbered_by_another_clusters_volumes_never_starts_without_a_cluster(
+            f in (any_facts(), wal_identity())
+                .prop_map(|(f, w)| Facts { data: DataDirState { wal: WalState::Present(Ok(w)), ..f.data.clone() }, ..f })
+        ) {
+            prop_assume!(matches!(f.cluster, ClusterFacts::NotReached { .. }));
+            let Some(own) = f.data.wal_identity().map(|w| w.cluster_id) else { unreachable!() };
+            let held = |c: u64| f.peers.iter().filter(|p| matches!(&p.report, Some(Ok(r)) if r.wal.is_some_and(|w| w.cluster_id == c))).count();
+            let other = if own == CLUSTER { OTHER_CLUSTER } else { CLUSTER };
+            let d = decide(&f);
+            if held(other) > 1 + held(own) {
+                prop_assert_eq!(&d.action, &Action::Wait, "{}", d.reason);
+            } else {
+                prop_assert!(matches!(d.action, Action::Restart | Action::Wait), "{:?}: {}", d.action, d.reason);
+            }
+        }
+
+        #[test]
         fn never_bootstrap_when_a_healthy_cluster_answered(
             f in (any_facts(), members()).prop_map(|(f, ms)| Facts { cluster: healthy(ms), ..f })
         ) {
