@@ -12,12 +12,18 @@ use support::{has_wal, wait_for, wait_for_or, Etcd, Set};
 const FORM: Duration = Duration::from_secs(60);
 const HEAL: Duration = Duration::from_secs(90);
 
-async fn fresh_bootstrap_together(etcd: Etcd) {
+/// A three-pod set started together and formed: three ready voters.
+async fn formed(etcd: Etcd) -> Set {
     let mut set = Set::new(etcd, 3).await;
     for o in 0..3 {
         set.start(o);
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set
+}
+
+async fn fresh_bootstrap_together(etcd: Etcd) {
+    let mut set = formed(etcd).await;
     let ids: Vec<u64> = futures_ids(&set, &[0, 1, 2]).await;
     assert_eq!(ids.len(), 3);
     let cid = set.cluster_id(0).await;
@@ -113,11 +119,7 @@ async fn bootstrap_survives_a_pod_killed_midway(etcd: Etcd) {
 }
 
 async fn restart_keeps_member_id_and_data(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 50).await;
     let id = set.member_id(1).await;
     set.kill(1).await;
@@ -131,11 +133,7 @@ async fn restart_keeps_member_id_and_data(etcd: Etcd) {
 
 /// A wiped volume never comes back with its old member ID: it rejoins as a new learner.
 async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 200).await;
     let old = set.member_id(2).await;
     set.kill(2).await;
@@ -172,11 +170,7 @@ async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
 /// then, by the entry a voter lists for this pod's peer URL. Here the new member's client
 /// port is moved where the sidecar cannot reach it, so that is the only way it can promote.
 async fn learner_is_promoted_before_it_serves_clients(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 50).await;
     let old = set.member_id(2).await;
     set.kill(2).await;
@@ -215,11 +209,7 @@ async fn learner_is_promoted_before_it_serves_clients(etcd: Etcd) {
 }
 
 async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 100).await;
     let cid = set.cluster_id(0).await;
     for o in 0..3 {
@@ -239,11 +229,7 @@ async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
 
 /// An empty volume while the majority is down: wait, never a new cluster.
 async fn empty_member_waits_while_majority_is_down(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 20).await;
     let cid = set.cluster_id(0).await;
     for o in 0..3 {
@@ -287,11 +273,7 @@ async fn empty_member_waits_while_majority_is_down(etcd: Etcd) {
 }
 
 async fn scale_up_from_three_to_five(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 30).await;
     set.add_pod(3);
     set.add_pod(4);
@@ -306,11 +288,7 @@ async fn scale_up_from_three_to_five(etcd: Etcd) {
 
 /// An earlier init died right after MemberAdd: the learner entry is reused, not duplicated.
 async fn crashed_attempts_learner_entry_is_resumed(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.add_pod(3);
     let entry = set.add_learner_entry(0, 3).await;
     set.start(3);
@@ -355,11 +333,7 @@ async fn dead_learner_does_not_block_the_next_join(etcd: Etcd) {
 
 /// Liveness never depends on quorum; readiness does.
 async fn health_during_quorum_loss(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.kill(1).await;
     set.kill(2).await;
     wait_for_or(
@@ -397,11 +371,7 @@ async fn health_during_quorum_loss(etcd: Etcd) {
 /// end every acknowledged write is readable.
 async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
     use std::sync::{Arc, Mutex};
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     let acked = Arc::new(Mutex::new(Vec::<u32>::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut clients = Vec::new();
@@ -593,11 +563,7 @@ async fn came_back_with_data_set_aside(set: &Set, o: u32, old: u64, keys: i64, w
 /// An operator removed this member while its pod was down: the volume holds a WAL the
 /// cluster no longer lists. Its data is renamed aside and the pod joins as a new learner.
 async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 100).await;
     let old = set.member_id(2).await;
     set.kill(2).await;
@@ -618,11 +584,7 @@ async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
 /// real cluster's volumes, so it is never started as a cluster of its own: it waits, and
 /// once the cluster is back its data is renamed aside and the pod joins.
 async fn another_clusters_volume_is_set_aside_and_the_pod_joins(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    for o in 0..3 {
-        set.start(o);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    let mut set = formed(etcd).await;
     set.put_keys("k", 100).await;
     let old = set.member_id(2).await;
     set.kill(2).await;
