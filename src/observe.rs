@@ -110,18 +110,7 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
             all.sort_by_key(|p| p.ordinal);
             all
         };
-        let (cluster, mut peer_facts) = tokio::join!(cluster, reports);
-        if peer_facts.is_empty() {
-            peer_facts = peers
-                .into_iter()
-                .map(|(o, dns)| PeerFacts {
-                    ordinal: o,
-                    name: id.pod_name(o),
-                    dns,
-                    report: None,
-                })
-                .collect();
-        }
+        let (cluster, peer_facts) = tokio::join!(cluster, reports);
         Ok(Facts {
             ordinal: id.ordinal,
             name: id.name(),
