@@ -75,6 +75,28 @@ pub async fn get_with(
     })?
 }
 
+/// Asks etcd's peer API at `ip` (pod `ordinal`'s peer port) for `/version`: whether that
+/// etcd serves its peers yet. With peer TLS, over mutual TLS with the peer certificate.
+pub async fn etcd_peer_version(
+    cfg: &crate::config::Config,
+    ordinal: u32,
+    ip: std::net::IpAddr,
+    timeout: Duration,
+) -> Result<(), GetError> {
+    let id = &cfg.identity;
+    let tls = cfg.peer_tls.as_ref().and_then(|t| t.client_config().ok());
+    get_with(
+        SocketAddr::new(ip, id.peer_port),
+        &id.host(ordinal),
+        "/version",
+        timeout,
+        4096,
+        tls.as_ref(),
+    )
+    .await
+    .map(|_| ())
+}
+
 async fn exchange<S>(
     io: TokioIo<S>,
     addr: SocketAddr,

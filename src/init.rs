@@ -45,6 +45,9 @@ const UNHEALTHY_CLUSTER_RETRY: Duration = Duration::from_millis(250);
 /// its peer API before it starts etcd anyway (the others can form a quorum without it).
 const SEED_WAIT: Duration = Duration::from_secs(2);
 const SEED_POLL: Duration = Duration::from_millis(10);
+/// One look at ordinal 0's peer API: a serving etcd answers on loopback or a pod network
+/// in a few milliseconds.
+const SEED_ANSWER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The back-off between rounds that wait: from 50 ms (peers started together answer within
 /// a few rounds) up to 5 s (a long wait costs its peers and DNS little).
@@ -274,7 +277,6 @@ where
 /// other member's question is answered at once, and ordinal 0's own question, asked of
 /// peers not yet listening, is refused at once.
 async fn wait_for_seed(cfg: &crate::config::Config, facts: &Facts) {
-    let id = &cfg.identity;
     let Some(ip) = facts
         .peers
         .iter()
@@ -283,15 +285,11 @@ async fn wait_for_seed(cfg: &crate::config::Config, facts: &Facts) {
     else {
         return;
     };
-    let addr = std::net::SocketAddr::new(ip, id.peer_port);
-    let host = id.host(0);
-    let tls = cfg.peer_tls.as_ref().and_then(|t| t.client_config().ok());
+    let host = cfg.identity.host(0);
     let started = tokio::time::Instant::now();
     tracing::info!(seed = %host, limit = ?SEED_WAIT, "forming a new cluster: waiting for ordinal 0's etcd to serve its peer API, so etcd's bootstrap check is answered at once");
     while started.elapsed() < SEED_WAIT {
-        let answer =
-            crate::http_get::get_with(addr, &host, "/version", SEED_POLL * 10, 4096, tls.as_ref())
-                .await;
+        let answer = crate::http_get::etcd_peer_version(cfg, 0, ip, SEED_ANSWER_TIMEOUT).await;
         if answer.is_ok() {
             tracing::info!(seed = %host, waited = ?started.elapsed(), "ordinal 0's etcd serves; starting etcd");
             return;

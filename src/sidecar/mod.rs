@@ -188,24 +188,11 @@ impl<D: Dns, C: Connector> Control<D, C> {
     }
 
     async fn peer_api(&self) -> PeerApi {
-        let id = &self.cfg.identity;
-        let addr = SocketAddr::new(self.cfg.local_ip(), id.peer_port);
-        let tls = self
-            .cfg
-            .peer_tls
-            .as_ref()
-            .and_then(|t| t.client_config().ok());
-        match http_get::get_with(
-            addr,
-            &id.host(id.ordinal),
-            "/version",
-            PEER_API_TIMEOUT,
-            4096,
-            tls.as_ref(),
-        )
-        .await
+        let ordinal = self.cfg.identity.ordinal;
+        match http_get::etcd_peer_version(&self.cfg, ordinal, self.cfg.local_ip(), PEER_API_TIMEOUT)
+            .await
         {
-            Ok(_) => PeerApi::Answered,
+            Ok(()) => PeerApi::Answered,
             Err(GetError::Refused(_)) => PeerApi::NotListening,
             Err(GetError::Failed(e)) => PeerApi::NoAnswer(e),
         }
