@@ -35,6 +35,19 @@ async fn fresh_bootstrap_together(etcd: Etcd) {
             set.decisions(o)
         );
     }
+    // Ordinal 0 starts etcd first; the others start once its etcd serves its peer API (not
+    // on the 2 s time-out), so etcd's bootstrap check never waits on a peer that is busy.
+    assert!(
+        !set.logs(0).contains("waiting for ordinal 0's etcd"),
+        "ordinal 0 waits for nobody"
+    );
+    for o in 1..3 {
+        assert!(
+            set.logs(o)
+                .contains("ordinal 0's etcd serves; starting etcd"),
+            "pod {o} started etcd once ordinal 0 served"
+        );
+    }
     set.put_keys("k", 10).await;
     assert_eq!(set.count_keys_on(2, "k/").await, 10);
     set.shutdown().await;
