@@ -279,11 +279,12 @@ fn data_present_and_no_cluster_reached_restarts() {
 
 #[test]
 fn data_present_and_no_cluster_restarts_even_when_every_peer_is_unreachable() {
-    let mut f = Facts {
-        data: wal_of(0xa1, CLUSTER),
-        ..facts()
-    };
-    f.peers = vec![unpublished_peer(0), unpublished_peer(2)];
+    let f = holding_with_peers(
+        1,
+        0xa1,
+        CLUSTER,
+        vec![unpublished_peer(0), unpublished_peer(2)],
+    );
     assert_eq!(decide(&f).action, Action::Restart);
 }
 
@@ -302,13 +303,29 @@ fn holding(o: u32, member_id: u64, cluster_id: u64) -> PeerFacts {
     )
 }
 
+/// Pod `ordinal` holding member `member_id` of `cluster_id`, no cluster answering, and
+/// these peers' reports.
+fn holding_with_peers(
+    ordinal: u32,
+    member_id: u64,
+    cluster_id: u64,
+    peers: Vec<PeerFacts>,
+) -> Facts {
+    Facts {
+        data: wal_of(member_id, cluster_id),
+        peers,
+        ..facts_for(ordinal)
+    }
+}
+
 #[test]
 fn data_outnumbered_by_another_clusters_volumes_waits_instead_of_starting_alone() {
-    let mut f = Facts {
-        data: wal_of(0xf1, OTHER_CLUSTER),
-        ..facts()
-    };
-    f.peers = vec![holding(0, 0xa0, CLUSTER), holding(2, 0xa2, CLUSTER)];
+    let f = holding_with_peers(
+        1,
+        0xf1,
+        OTHER_CLUSTER,
+        vec![holding(0, 0xa0, CLUSTER), holding(2, 0xa2, CLUSTER)],
+    );
     assert_waits(
         &decide(&f),
         &["f04e16", "etcd-0, etcd-2", "c1a57e55", "set aside"],
@@ -317,39 +334,43 @@ fn data_outnumbered_by_another_clusters_volumes_waits_instead_of_starting_alone(
 
 #[test]
 fn data_shared_with_the_peers_restarts_without_a_cluster() {
-    let mut f = Facts {
-        data: wal_of(0xa1, CLUSTER),
-        ..facts()
-    };
-    f.peers = vec![holding(0, 0xa0, CLUSTER), holding(2, 0xa2, CLUSTER)];
+    let f = holding_with_peers(
+        1,
+        0xa1,
+        CLUSTER,
+        vec![holding(0, 0xa0, CLUSTER), holding(2, 0xa2, CLUSTER)],
+    );
     assert_eq!(decide(&f).action, Action::Restart);
 }
 
 #[test]
 fn one_stray_volume_elsewhere_does_not_hold_back_a_restart() {
     // etcd-2 holds another cluster's data; etcd-0 holds ours: we are not the odd one out.
-    let mut f = Facts {
-        data: wal_of(0xa1, CLUSTER),
-        ..facts()
-    };
-    f.peers = vec![holding(0, 0xa0, CLUSTER), holding(2, 0xf2, OTHER_CLUSTER)];
+    let f = holding_with_peers(
+        1,
+        0xa1,
+        CLUSTER,
+        vec![holding(0, 0xa0, CLUSTER), holding(2, 0xf2, OTHER_CLUSTER)],
+    );
     assert_eq!(decide(&f).action, Action::Restart);
     // And as etcd-2 sees it: two volumes of the other cluster against its one.
-    let mut stray = Facts {
-        data: wal_of(0xf2, OTHER_CLUSTER),
-        ..facts_for(2)
-    };
-    stray.peers = vec![holding(0, 0xa0, CLUSTER), holding(1, 0xa1, CLUSTER)];
+    let stray = holding_with_peers(
+        2,
+        0xf2,
+        OTHER_CLUSTER,
+        vec![holding(0, 0xa0, CLUSTER), holding(1, 0xa1, CLUSTER)],
+    );
     assert_eq!(decide(&stray).action, Action::Wait);
 }
 
 #[test]
 fn a_tie_between_clusters_restarts() {
-    let mut f = Facts {
-        data: wal_of(0xa1, CLUSTER),
-        ..facts()
-    };
-    f.peers = vec![holding(0, 0xf0, OTHER_CLUSTER), empty_peer(2)];
+    let f = holding_with_peers(
+        1,
+        0xa1,
+        CLUSTER,
+        vec![holding(0, 0xf0, OTHER_CLUSTER), empty_peer(2)],
+    );
     assert_eq!(decide(&f).action, Action::Restart);
 }
 
