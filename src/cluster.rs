@@ -6,34 +6,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, MemberAddOptions};
-use serde::Serialize;
 use thiserror::Error;
 
-/// A member as the cluster lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MemberInfo {
-    #[serde(with = "crate::report::hex_id")]
-    pub id: u64,
-    /// Empty until the member has started and published itself.
-    pub name: String,
-    pub peer_urls: Vec<String>,
-    pub client_urls: Vec<String>,
-    pub is_learner: bool,
-}
-
-/// One member's own status.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    pub member_id: u64,
-    pub cluster_id: u64,
-    /// 0 when the member sees no leader.
-    pub leader: u64,
-    pub raft_index: u64,
-    pub raft_term: u64,
-    pub is_learner: bool,
-    /// Alarms and other errors the member reports (NOSPACE, CORRUPT, …).
-    pub errors: Vec<String>,
-}
+pub use crate::facts::{MemberInfo, MemberStatus};
 
 /// What went wrong talking to etcd, sorted by what to do next.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

@@ -10,24 +10,7 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
 use thiserror::Error;
 
-/// The answer for one name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
-    Found(Vec<IpAddr>),
-    /// The name does not exist (yet): the pod is not published.
-    NotFound,
-    /// DNS could not answer (time-out, SERVFAIL, refused, …).
-    Failed(String),
-}
-
-impl Lookup {
-    pub fn first(&self) -> Option<IpAddr> {
-        match self {
-            Lookup::Found(ips) => ips.first().copied(),
-            _ => None,
-        }
-    }
-}
+pub use crate::facts::Lookup;
 
 /// The one DNS question etcd-steward asks.
 pub trait Dns: Send + Sync {

@@ -14,19 +14,6 @@ use etcd_steward::{exec, sidecar};
 const EXIT_CONFIG: u8 = 64;
 const EXIT_RUNTIME: u8 = 1;
 
-fn logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ETCD_STEWARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_target(false)
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// Writes the error where `kubectl describe pod` shows it, logs it once, and fails.
 fn fail(e: &anyhow::Error) -> ExitCode {
     let chain = format!("{e:#}");
@@ -77,7 +64,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    logs();
+    etcd_steward::logs::init();
     match cli.command {
         Command::Init(args) => {
             let cfg = match args.validate() {

@@ -1,49 +1,12 @@
 //! The peer report: what a pod's sidecar tells other pods about its data directory.
 //! It is bootstrap evidence, so parsing it is strict and bounded.
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+pub use crate::facts::{hex_id, Formation, PeerReport, WalIdentity};
 
 /// The largest peer report accepted; a real one is a few hundred bytes.
 pub const MAX_REPORT_BYTES: usize = 16 * 1024;
-
-/// The formation marker a pod writes before a new cluster is formed: its own random
-/// nonce, the initial cluster it forms with, and, once it has decided to start etcd,
-/// the cluster token derived from every initial pod's nonce.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Formation {
-    pub nonce: String,
-    pub initial_cluster: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-/// Member and cluster ID read from a WAL's metadata record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WalIdentity {
-    #[serde(with = "hex_id")]
-    pub member_id: u64,
-    #[serde(with = "hex_id")]
-    pub cluster_id: u64,
-}
-
-/// What `GET /peer/report` answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerReport {
-    /// The reporting pod's name.
-    pub name: String,
-    /// The data directory holds a WAL: etcd's own meaning of "has data".
-    pub has_data: bool,
-    /// The WAL's member and cluster ID, when its metadata could be read.
-    #[serde(default)]
-    pub wal: Option<WalIdentity>,
-    /// Why the WAL's metadata could not be read, when it could not.
-    #[serde(default)]
-    pub wal_error: Option<String>,
-    /// The formation marker, when the pod has one.
-    #[serde(default)]
-    pub formation: Option<Formation>,
-}
 
 /// Why a peer's answer is not a report we can use as evidence.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -75,20 +38,6 @@ pub fn parse_report(bytes: &[u8], expected: &str) -> Result<PeerReport, ReportEr
         return Err(ReportError::Inconsistent);
     }
     Ok(report)
-}
-
-/// Member and cluster IDs as etcd prints them: lowercase hex.
-pub mod hex_id {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{id:x}"))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        let text = String::deserialize(d)?;
-        u64::from_str_radix(&text, 16).map_err(serde::de::Error::custom)
-    }
 }
 
 #[cfg(test)]

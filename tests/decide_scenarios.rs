@@ -3,14 +3,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use etcd_steward::cluster::MemberInfo;
-use etcd_steward::datadir::{DataDirState, WalState};
-use etcd_steward::decide::{
-    decide, Action, BootstrapStep, ClusterFacts, ClusterView, Decision, Facts, PeerFacts,
-    SetAsideWhy,
+use etcd_steward::facts::{
+    ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup, MemberInfo,
+    PeerFacts, PeerReport, WalIdentity, WalState,
 };
-use etcd_steward::dns::Lookup;
-use etcd_steward::report::{Formation, PeerReport, WalIdentity};
+use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy};
 
 // ---------------------------------------------------------------------------------------
 // Small constructors: a three-pod set `etcd` in namespace `default`.
@@ -168,10 +165,17 @@ fn started_voter(id: u64, o: u32) -> MemberInfo {
     member(id, o, &pod(o), false)
 }
 
+/// The member that answered for the cluster (membership changes go there).
+fn via() -> Endpoint {
+    Endpoint {
+        host: host(0),
+        ip: ip(0),
+    }
+}
+
 fn healthy(members: Vec<MemberInfo>) -> ClusterFacts {
     ClusterFacts::Healthy(ClusterView {
-        source: host(0),
-        source_ip: ip(0),
+        source: via(),
         cluster_id: CLUSTER,
         leader: 0xa0,
         members,
@@ -206,6 +210,8 @@ fn facts_for(ordinal: u32) -> Facts {
     Facts {
         ordinal,
         name: pod(ordinal),
+        set_name: "etcd".into(),
+        host: host(ordinal),
         peer_url: peer_url(ordinal),
         replicas: REPLICAS,
         initial_cluster: initial_cluster(REPLICAS),
@@ -235,17 +241,17 @@ fn with_peer(mut f: Facts, peer: PeerFacts) -> Facts {
 fn assert_reason(d: &Decision, needles: &[&str]) {
     for n in needles {
         assert!(
-            d.reason.contains(n),
+            d.reason().contains(n),
             "reason of {:?} should mention {n:?}: {}",
             d.action,
-            d.reason
+            d.reason()
         );
     }
 }
 
 #[track_caller]
 fn assert_waits(d: &Decision, needles: &[&str]) {
-    assert_eq!(d.action, Action::Wait, "{}", d.reason);
+    assert_eq!(d.action, Action::Wait, "{}", d.reason());
     assert_reason(d, needles);
 }
 
@@ -253,12 +259,13 @@ fn assert_waits(d: &Decision, needles: &[&str]) {
 fn assert_starts(d: &Decision, formation: Formation) {
     assert_eq!(
         d.action,
-        Action::Bootstrap {
-            step: BootstrapStep::Start,
-            formation
-        },
+        Action::Bootstrap(Bootstrap::Start {
+            nonce: formation.nonce.clone(),
+            initial_cluster: formation.initial_cluster.clone(),
+            token: formation.token.clone().unwrap_or_default(),
+        }),
         "{}",
-        d.reason
+        d.reason()
     );
 }
 
@@ -501,7 +508,7 @@ fn empty_dir_and_healthy_cluster_without_us_joins() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.action, Action::Join);
+    assert_eq!(d.action, Action::Join { via: via() });
     assert_reason(&d, &[&format!("{CLUSTER:x}"), "learner"]);
 }
 
@@ -512,7 +519,13 @@ fn empty_dir_listed_as_never_started_learner_resumes_it() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.action, Action::Resume { member_id: 0xb1 });
+    assert!(matches!(
+        d.action,
+        Action::Resume {
+            member_id: 0xb1,
+            ..
+        }
+    ));
     assert_reason(&d, &["b1", "never started"]);
 }
 
@@ -524,7 +537,7 @@ fn empty_dir_with_stale_started_learner_is_replaced() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.action, Action::Replace { stale });
+    assert_eq!(d.action, Action::Replace { stale, via: via() });
     assert_reason(&d, &["learner b1", "never with the old member ID"]);
 }
 
@@ -536,7 +549,7 @@ fn empty_dir_with_stale_member_is_replaced() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.action, Action::Replace { stale });
+    assert_eq!(d.action, Action::Replace { stale, via: via() });
     assert_reason(&d, &["voter a1", "never with the old member ID"]);
 }
 
@@ -552,7 +565,7 @@ fn empty_dir_with_started_member_is_replaced_even_with_our_formation_marker() {
         },
         marker_with_token("n1", "n0.n1.n2"),
     );
-    assert_eq!(decide(&f).action, Action::Replace { stale });
+    assert_eq!(decide(&f).action, Action::Replace { stale, via: via() });
 }
 
 #[test]
@@ -563,7 +576,7 @@ fn empty_dir_with_stale_member_found_by_name_at_another_url_is_replaced() {
         cluster: healthy_with(stale.clone()),
         ..facts()
     };
-    assert_eq!(decide(&f).action, Action::Replace { stale });
+    assert_eq!(decide(&f).action, Action::Replace { stale, via: via() });
 }
 
 #[test]
@@ -576,7 +589,13 @@ fn never_started_voter_with_our_formation_marker_resumes() {
         marker_with_token("n1", "n0.n1.n2"),
     );
     let d = decide(&f);
-    assert_eq!(d.action, Action::Resume { member_id: 0xa1 });
+    assert!(matches!(
+        d.action,
+        Action::Resume {
+            member_id: 0xa1,
+            ..
+        }
+    ));
     assert_reason(&d, &["a1", "formation", "marker"]);
 }
 
@@ -594,7 +613,13 @@ fn formation_voter_named_by_initial_cluster_but_never_started_resumes_with_our_m
         },
         marker("n1"),
     );
-    assert_eq!(decide(&f).action, Action::Resume { member_id: 0xb2 });
+    assert!(matches!(
+        decide(&f).action,
+        Action::Resume {
+            member_id: 0xb2,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -605,7 +630,7 @@ fn never_started_voter_without_our_formation_marker_is_replaced() {
         ..facts()
     };
     let d = decide(&f);
-    assert_eq!(d.action, Action::Replace { stale });
+    assert_eq!(d.action, Action::Replace { stale, via: via() });
     assert_reason(&d, &["voter a1"]);
 }
 
@@ -618,7 +643,7 @@ fn healthy_cluster_never_leads_to_bootstrap_even_with_our_token() {
         },
         marker_with_token("n1", "n0.n1.n2"),
     );
-    assert_eq!(decide(&f).action, Action::Join);
+    assert_eq!(decide(&f).action, Action::Join { via: via() });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -630,14 +655,13 @@ fn every_initial_peer_empty_and_no_marker_prepares_a_formation() {
     let d = decide(&facts());
     assert_eq!(
         d.action,
-        Action::Bootstrap {
-            step: BootstrapStep::Prepare,
-            formation: Formation {
+        Action::Bootstrap(Bootstrap::Prepare {
+            marker: Formation {
                 nonce: "fresh".into(),
                 initial_cluster: initial_cluster(REPLICAS),
                 token: None,
             },
-        }
+        })
     );
     assert_reason(&d, &["every initial peer answered with an empty volume"]);
 }
@@ -650,10 +674,7 @@ fn a_single_pod_set_prepares_without_any_peer() {
     f.peers = vec![];
     assert!(matches!(
         decide(&f).action,
-        Action::Bootstrap {
-            step: BootstrapStep::Prepare,
-            ..
-        }
+        Action::Bootstrap(Bootstrap::Prepare { .. })
     ));
 }
 
@@ -718,10 +739,7 @@ fn a_later_pod_not_yet_published_does_not_block_formation() {
     let f = with_peer(facts(), unpublished_peer(3));
     assert!(matches!(
         decide(&f).action,
-        Action::Bootstrap {
-            step: BootstrapStep::Prepare,
-            ..
-        }
+        Action::Bootstrap(Bootstrap::Prepare { .. })
     ));
 }
 
@@ -787,10 +805,11 @@ fn the_token_is_the_same_whichever_pod_computes_it() {
     for (me, action) in tokens.iter().enumerate() {
         assert_eq!(
             *action,
-            Action::Bootstrap {
-                step: BootstrapStep::Start,
-                formation: marker_with_token(&format!("n{me}"), "n0.n1.n2"),
-            }
+            Action::Bootstrap(Bootstrap::Start {
+                nonce: format!("n{me}"),
+                initial_cluster: initial_cluster(REPLICAS),
+                token: "n0.n1.n2".into(),
+            })
         );
     }
 }
@@ -821,7 +840,7 @@ fn an_unprepared_peer_makes_us_wait() {
     let f = with_marker(with_peer(facts(), prepared_peer(0, "n0")), marker("n1"));
     let d = decide(&f);
     assert_waits(&d, &["waiting for etcd-2 to prepare"]);
-    assert!(!d.reason.contains("etcd-0"), "{}", d.reason);
+    assert!(!d.reason().contains("etcd-0"), "{}", d.reason());
 }
 
 #[test]
@@ -946,28 +965,19 @@ fn our_marker_prepared_for_another_initial_cluster_is_prepared_afresh() {
     f.peers = vec![peer_five(0), peer_five(2)];
     let d = decide(&f);
     assert!(
-        !matches!(
-            d.action,
-            Action::Bootstrap {
-                step: BootstrapStep::Start,
-                ..
-            }
-        ),
+        !matches!(d.action, Action::Bootstrap(Bootstrap::Start { .. })),
         "started with {:?}: {}",
         d.action,
-        d.reason
+        d.reason()
     );
     match &d.action {
-        Action::Bootstrap {
-            step: BootstrapStep::Prepare,
-            formation,
-        } => {
+        Action::Bootstrap(Bootstrap::Prepare { marker }) => {
             assert_eq!(
-                formation.initial_cluster, f.initial_cluster,
+                marker.initial_cluster, f.initial_cluster,
                 "prepared for the configured size"
             );
         }
-        other => panic!("expected a fresh prepare, got {other:?}: {}", d.reason),
+        other => panic!("expected a fresh prepare, got {other:?}: {}", d.reason()),
     }
 }
 
@@ -992,7 +1002,7 @@ fn an_ordinal_beyond_the_initial_size_joins_a_healthy_cluster() {
         ]),
         ..facts_for(3)
     };
-    assert_eq!(decide(&f).action, Action::Join);
+    assert_eq!(decide(&f).action, Action::Join { via: via() });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1009,7 +1019,7 @@ fn unpublished_self(f: Facts) -> Facts {
 #[track_caller]
 fn assert_held_back(f: Facts, decided: &str) {
     let published = decide(&f);
-    assert_eq!(published.action.name(), decided, "{}", published.reason);
+    assert_eq!(published.action.name(), decided, "{}", published.reason());
     let d = decide(&unpublished_self(f));
     assert_waits(
         &d,
@@ -1098,13 +1108,7 @@ fn own_dns_unpublished_does_not_hold_back_a_set_aside() {
 fn own_dns_unpublished_does_not_hold_back_a_bootstrap_prepare() {
     let d = decide(&unpublished_self(facts()));
     assert!(
-        matches!(
-            d.action,
-            Action::Bootstrap {
-                step: BootstrapStep::Prepare,
-                ..
-            }
-        ),
+        matches!(d.action, Action::Bootstrap(Bootstrap::Prepare { .. })),
         "{d:?}"
     );
 }
@@ -1255,6 +1259,8 @@ mod invariants {
             Facts {
                 ordinal,
                 name: pod(ordinal),
+                set_name: "etcd".into(),
+                host: host(ordinal),
                 peer_url: peer_url(ordinal),
                 replicas,
                 initial_cluster: initial_cluster(replicas),
@@ -1368,14 +1374,8 @@ mod invariants {
             };
             let action = decide(&tree.current()).action;
             seen.insert(match action {
-                Action::Bootstrap {
-                    step: BootstrapStep::Prepare,
-                    ..
-                } => "bootstrap-prepare",
-                Action::Bootstrap {
-                    step: BootstrapStep::Start,
-                    ..
-                } => "bootstrap-start",
+                Action::Bootstrap(Bootstrap::Prepare { .. }) => "bootstrap-prepare",
+                Action::Bootstrap(Bootstrap::Start { .. }) => "bootstrap-start",
                 Action::SetAside { why } => why.slug(),
                 other => other.name(),
             });
@@ -1405,7 +1405,7 @@ mod invariants {
             f in a_peer_has_data_and_we_have_no_marker()
         ) {
             let d = decide(&f);
-            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason());
         }
 
         #[test]
@@ -1416,7 +1416,7 @@ mod invariants {
             let d = decide(&f);
             prop_assert!(
                 matches!(d.action, Action::Restart | Action::SetAside { .. } | Action::Wait),
-                "{:?}: {}", d.action, d.reason
+                "{:?}: {}", d.action, d.reason()
             );
         }
 
@@ -1431,9 +1431,9 @@ mod invariants {
             let other = if own == CLUSTER { OTHER_CLUSTER } else { CLUSTER };
             let d = decide(&f);
             if held(other) > 1 + held(own) {
-                prop_assert_eq!(&d.action, &Action::Wait, "{}", d.reason);
+                prop_assert_eq!(&d.action, &Action::Wait, "{}", d.reason());
             } else {
-                prop_assert!(matches!(d.action, Action::Restart | Action::Wait), "{:?}: {}", d.action, d.reason);
+                prop_assert!(matches!(d.action, Action::Restart | Action::Wait), "{:?}: {}", d.action, d.reason());
             }
         }
 
@@ -1442,7 +1442,7 @@ mod invariants {
             f in (any_facts(), members()).prop_map(|(f, ms)| Facts { cluster: healthy(ms), ..f })
         ) {
             let d = decide(&f);
-            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason());
         }
 
         #[test]
@@ -1454,7 +1454,7 @@ mod invariants {
             // A half-started formation that counted on us is the one exception.
             prop_assume!(!peer_holds_a_token_with_our_nonce(&f));
             let d = decide(&f);
-            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason);
+            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason());
         }
 
         #[test]
@@ -1464,14 +1464,14 @@ mod invariants {
             let d = decide(&f);
             prop_assert!(
                 !matches!(d.action, Action::Restart | Action::SetAside { .. }),
-                "{:?}: {}", d.action, d.reason
+                "{:?}: {}", d.action, d.reason()
             );
         }
 
         #[test]
         fn a_resumed_member_never_started_before(f in any_facts()) {
             let d = decide(&f);
-            if let (Action::Resume { member_id }, ClusterFacts::Healthy(view)) = (&d.action, &f.cluster) {
+            if let (Action::Resume { member_id, .. }, ClusterFacts::Healthy(view)) = (&d.action, &f.cluster) {
                 let m = view.members.iter().find(|m| m.id == *member_id);
                 prop_assert!(m.is_some_and(|m| m.client_urls.is_empty()), "{:?} from {:?}", d, view.members);
             } else {
@@ -1492,9 +1492,9 @@ mod invariants {
                     d.action,
                     Action::Wait
                         | Action::SetAside { .. }
-                        | Action::Bootstrap { step: BootstrapStep::Prepare, .. }
+                        | Action::Bootstrap(Bootstrap::Prepare { .. })
                 ),
-                "{:?}: {}", d.action, d.reason
+                "{:?}: {}", d.action, d.reason()
             );
         }
 
@@ -1505,7 +1505,7 @@ mod invariants {
 
         #[test]
         fn every_decision_gives_a_reason(f in any_facts()) {
-            prop_assert!(!decide(&f).reason.trim().is_empty());
+            prop_assert!(!decide(&f).reason().trim().is_empty());
         }
     }
 }

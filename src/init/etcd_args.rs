@@ -1,8 +1,8 @@
 //! Pure: how etcd is started for a decision. etcd listens on the pod's IP (it refuses
 //! host names in listen URLs) and advertises the stable DNS names.
 
-use crate::cluster::MemberInfo;
 use crate::config::Config;
+use crate::facts::MemberInfo;
 use crate::identity::Identity;
 
 /// How etcd joins the cluster when it starts.
@@ -15,8 +15,9 @@ pub enum StartMode {
         initial_cluster: String,
         token: String,
     },
-    /// A member already added to a running cluster (learner or never-started entry).
-    Existing { initial_cluster: String },
+    /// A member already added to a running cluster (learner or never-started entry),
+    /// started with every member the cluster lists.
+    Existing { members: Vec<MemberInfo> },
 }
 
 /// `--initial-cluster` for joining a running cluster: every listed member, named by its
@@ -89,7 +90,8 @@ pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String
             argv.push("--initial-cluster-state=new".into());
             argv.push(format!("--initial-cluster-token={token}"));
         }
-        StartMode::Existing { initial_cluster } => {
+        StartMode::Existing { members } => {
+            let initial_cluster = existing_initial_cluster(id, members);
             argv.push(format!("--initial-cluster={initial_cluster}"));
             argv.push("--initial-cluster-state=existing".into());
         }

@@ -9,11 +9,11 @@ use tokio::task::JoinSet;
 
 use crate::cluster::{Connector, Etcd};
 use crate::config::Config;
-use crate::datadir::{self, DataDirError};
-use crate::decide::{ClusterFacts, ClusterView, Facts, PeerFacts};
-use crate::dns::{Dns, Lookup};
+use crate::dns::Dns;
+use crate::facts::{ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport};
 use crate::http_get;
-use crate::report::{parse_report, PeerReport, MAX_REPORT_BYTES};
+use crate::report::{parse_report, MAX_REPORT_BYTES};
+use crate::volume::{self, VolumeError};
 
 /// How long one round may spend asking the cluster when the volume holds data (a restart
 /// must not wait on peers that are down) and when it does not.
@@ -37,10 +37,10 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
         (0..top).filter(|o| *o != me).collect()
     }
 
-    pub async fn observe(&self, fresh_nonce: String) -> Result<Facts, DataDirError> {
+    pub async fn observe(&self, fresh_nonce: String) -> Result<Facts, VolumeError> {
         let cfg = &self.cfg;
         let id = &cfg.identity;
-        let data = datadir::inspect(&cfg.data_dir)?;
+        let data = volume::inspect(&cfg.data_dir)?;
 
         let mut lookups = JoinSet::new();
         for o in std::iter::once(id.ordinal).chain(self.peer_ordinals()) {
@@ -114,6 +114,8 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
         Ok(Facts {
             ordinal: id.ordinal,
             name: id.name(),
+            set_name: id.set_name.clone(),
+            host: id.host(id.ordinal),
             peer_url: id.peer_url(id.ordinal),
             replicas: cfg.replicas,
             initial_cluster: id.initial_cluster(cfg.replicas),
@@ -197,8 +199,10 @@ async fn view_from<C: Connector>(
         .map_err(|e| format!("no quorum read: {e}"))?;
     let (cluster_id, members) = member.members().await.map_err(|e| e.to_string())?;
     Ok(ClusterView {
-        source: host.to_string(),
-        source_ip: ip,
+        source: Endpoint {
+            host: host.to_string(),
+            ip,
+        },
         cluster_id,
         leader: status.leader,
         members,

@@ -1,0 +1,275 @@
+//! The plain data every decision reads: what a data directory holds, what DNS answered, how
+//! the cluster lists its members, what the peers reported. No I/O and no clock: the
+//! modules that observe fill these in, the pure decisions (`init::decide`, the sidecar's
+//! planners, the etcd command line) read them.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// Member and cluster IDs as etcd prints them: lowercase hex.
+pub mod hex_id {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{id:x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(d)?;
+        u64::from_str_radix(&text, 16).map_err(serde::de::Error::custom)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The volume
+// ---------------------------------------------------------------------------------------
+
+/// Member and cluster ID read from a WAL's metadata record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalIdentity {
+    #[serde(with = "hex_id")]
+    pub member_id: u64,
+    #[serde(with = "hex_id")]
+    pub cluster_id: u64,
+}
+
+/// The formation marker a pod writes before a new cluster is formed: its own random
+/// nonce, the initial cluster it forms with, and, once it has decided to start etcd,
+/// the cluster token derived from every initial pod's nonce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Formation {
+    pub nonce: String,
+    pub initial_cluster: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// What the data directory holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataDirState {
+    pub wal: WalState,
+    /// Our formation marker, when a formation is (or was) under way for this volume.
+    pub formation: Option<Formation>,
+    /// Anomalies worth a line in the decision log (an unreadable marker, …).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalState {
+    /// No `*.wal` file: etcd would treat this directory as empty.
+    None,
+    /// A WAL exists: etcd has data here. Its identity, or why it could not be read.
+    Present(Result<WalIdentity, String>),
+}
+
+impl DataDirState {
+    /// An empty volume with no marker.
+    pub fn empty() -> Self {
+        Self {
+            wal: WalState::None,
+            formation: None,
+            notes: vec![],
+        }
+    }
+
+    pub fn has_data(&self) -> bool {
+        matches!(self.wal, WalState::Present(_))
+    }
+
+    pub fn wal_identity(&self) -> Option<WalIdentity> {
+        match &self.wal {
+            WalState::Present(Ok(id)) => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// DNS, the cluster, the peers
+// ---------------------------------------------------------------------------------------
+
+/// The answer for one name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Found(Vec<IpAddr>),
+    /// The name does not exist (yet): the pod is not published.
+    NotFound,
+    /// DNS could not answer (time-out, SERVFAIL, refused, …).
+    Failed(String),
+}
+
+impl Lookup {
+    pub fn first(&self) -> Option<IpAddr> {
+        match self {
+            Lookup::Found(ips) => ips.first().copied(),
+            _ => None,
+        }
+    }
+}
+
+/// A member as the cluster lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberInfo {
+    #[serde(with = "hex_id")]
+    pub id: u64,
+    /// Empty until the member has started and published itself.
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
+impl MemberInfo {
+    /// A member that has never started has published no client URLs (its name, by
+    /// contrast, is set from `--initial-cluster` for the members a cluster was formed
+    /// with). etcd's own `isMemberBootstrapped` uses the same test.
+    pub fn never_started(&self) -> bool {
+        self.client_urls.is_empty()
+    }
+}
+
+/// One member's own status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub member_id: u64,
+    pub cluster_id: u64,
+    /// 0 when the member sees no leader.
+    pub leader: u64,
+    pub raft_index: u64,
+    pub raft_term: u64,
+    pub is_learner: bool,
+    /// Alarms and other errors the member reports (NOSPACE, CORRUPT, …).
+    pub errors: Vec<String>,
+}
+
+/// What `GET /peer/report` answers: a pod's sidecar telling the others about its volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReport {
+    /// The reporting pod's name.
+    pub name: String,
+    /// The data directory holds a WAL: etcd's own meaning of "has data".
+    pub has_data: bool,
+    /// The WAL's member and cluster ID, when its metadata could be read.
+    #[serde(default)]
+    pub wal: Option<WalIdentity>,
+    /// Why the WAL's metadata could not be read, when it could not.
+    #[serde(default)]
+    pub wal_error: Option<String>,
+    /// The formation marker, when the pod has one.
+    #[serde(default)]
+    pub formation: Option<Formation>,
+}
+
+/// A member to send a membership change to: its DNS name and the address it answered at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub ip: IpAddr,
+}
+
+// ---------------------------------------------------------------------------------------
+// One round of `init`
+// ---------------------------------------------------------------------------------------
+
+/// Everything `init` observed in one round.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub ordinal: u32,
+    /// This pod's name (`etcd-1`): its member name.
+    pub name: String,
+    /// The pods' common name (`etcd`): pod `o` is `<set_name>-<o>`.
+    pub set_name: String,
+    /// This pod's stable DNS name, the host of its peer URL.
+    pub host: String,
+    pub peer_url: String,
+    pub replicas: u32,
+    /// `--initial-cluster` for the configured initial size.
+    pub initial_cluster: String,
+    pub data: DataDirState,
+    pub own_dns: Lookup,
+    pub cluster: ClusterFacts,
+    /// The other pods of the set that were asked (initial peers, and higher ordinals
+    /// whose names exist).
+    pub peers: Vec<PeerFacts>,
+    /// A random nonce, used if this round prepares a formation marker.
+    pub fresh_nonce: String,
+}
+
+impl Facts {
+    /// The pod name of ordinal `o` of this set.
+    pub fn pod_name(&self, o: u32) -> String {
+        format!("{}-{o}", self.set_name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum ClusterFacts {
+    /// A voter that sees a leader answered and a linearizable read through it succeeded,
+    /// so its member list is current.
+    Healthy(ClusterView),
+    /// No member could give a current view; why, per endpoint tried.
+    NotReached { tried: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    /// The member that answered (membership changes go there).
+    pub source: Endpoint,
+    pub cluster_id: u64,
+    pub leader: u64,
+    pub members: Vec<MemberInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PeerFacts {
+    pub ordinal: u32,
+    pub name: String,
+    pub dns: Lookup,
+    /// The sidecar's report; `None` when it was not asked (name not resolved).
+    pub report: Option<Result<PeerReport, String>>,
+}
+
+/// The kinds of action `init` takes, as logs, metrics and the journal name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActionKind {
+    Restart,
+    Bootstrap,
+    Join,
+    Resume,
+    Replace,
+    SetAside,
+    Wait,
+}
+
+impl ActionKind {
+    pub const ALL: [ActionKind; 7] = [
+        ActionKind::Restart,
+        ActionKind::Bootstrap,
+        ActionKind::Join,
+        ActionKind::Resume,
+        ActionKind::Replace,
+        ActionKind::SetAside,
+        ActionKind::Wait,
+    ];
+
+    /// The name users see in logs, metrics and `init --dry-run`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActionKind::Restart => "restart",
+            ActionKind::Bootstrap => "bootstrap",
+            ActionKind::Join => "join",
+            ActionKind::Resume => "resume",
+            ActionKind::Replace => "replace",
+            ActionKind::SetAside => "set-aside",
+            ActionKind::Wait => "wait",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

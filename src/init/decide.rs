@@ -1,0 +1,604 @@
+//! The pure heart of `init`: observed [`Facts`] in, one [`Decision`] out. No I/O, no
+//! clock, no randomness (a fresh nonce is one of the facts); it reads `crate::facts` alone.
+//! Every rule that keeps data safe is here, where a table of scenarios can prove it.
+//!
+//! A decision carries everything its action needs (the member to ask, the token to start
+//! with), and a typed reason, [`Why`], that renders the sentence operators read.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::facts::{
+    ActionKind, ClusterFacts, Endpoint, Facts, Formation, Lookup, MemberInfo, PeerReport,
+};
+
+/// Why data is set aside before joining.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SetAsideWhy {
+    /// The WAL belongs to another cluster than the one running.
+    ForeignCluster,
+    /// The WAL's member is no longer in the cluster (an operator removed it).
+    RemovedMember,
+    /// The WAL could not be read and the cluster has no member at this pod's URL.
+    NotAMember,
+}
+
+impl SetAsideWhy {
+    /// The suffix of the set-aside directory's name.
+    pub fn slug(self) -> &'static str {
+        match self {
+            SetAsideWhy::ForeignCluster => "foreign-cluster",
+            SetAsideWhy::RemovedMember => "removed-member",
+            SetAsideWhy::NotAMember => "not-a-member",
+        }
+    }
+}
+
+/// Forming a new cluster, in two steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// Write this pod's formation marker (its nonce) so peers can see it is ready.
+    Prepare { marker: Formation },
+    /// Every initial pod is prepared: record the token and start etcd as a new cluster.
+    Start {
+        nonce: String,
+        initial_cluster: String,
+        token: String,
+    },
+}
+
+impl Bootstrap {
+    /// The marker this step writes.
+    pub fn marker(&self) -> Formation {
+        match self {
+            Bootstrap::Prepare { marker } => marker.clone(),
+            Bootstrap::Start {
+                nonce,
+                initial_cluster,
+                token,
+            } => Formation {
+                nonce: nonce.clone(),
+                initial_cluster: initial_cluster.clone(),
+                token: Some(token.clone()),
+            },
+        }
+    }
+
+    pub fn step_name(&self) -> &'static str {
+        match self {
+            Bootstrap::Prepare { .. } => "prepare",
+            Bootstrap::Start { .. } => "start",
+        }
+    }
+}
+
+/// What `init` does this round; each variant holds everything needed to do it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Start etcd on this member's own data; touch no membership.
+    Restart,
+    /// Form a new cluster (in steps).
+    Bootstrap(Bootstrap),
+    /// Ask `via` to add this pod as a learner; then look again (and resume that entry).
+    Join { via: Endpoint },
+    /// Start as the existing, never-started member entry `member_id` of `members`.
+    Resume {
+        member_id: u64,
+        members: Vec<MemberInfo>,
+    },
+    /// Ask `via` to remove the member entry left by this pod's lost volume; then join.
+    Replace { stale: MemberInfo, via: Endpoint },
+    /// Rename the data aside inside the volume, then join.
+    SetAside { why: SetAsideWhy },
+    /// Not enough evidence: wait and look again.
+    Wait,
+}
+
+impl Action {
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::Restart => ActionKind::Restart,
+            Action::Bootstrap(_) => ActionKind::Bootstrap,
+            Action::Join { .. } => ActionKind::Join,
+            Action::Resume { .. } => ActionKind::Resume,
+            Action::Replace { .. } => ActionKind::Replace,
+            Action::SetAside { .. } => ActionKind::SetAside,
+            Action::Wait => ActionKind::Wait,
+        }
+    }
+
+    /// The name users see in logs and in `init --dry-run`.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// Why no live cluster answered: one line per member tried (empty when not asked).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NotReached(pub Vec<String>);
+
+impl std::fmt::Display for NotReached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, " (no live cluster: {})", self.0.join("; "))
+        }
+    }
+}
+
+/// Why a decision was taken: the facts that explain it. `Display` renders the sentence
+/// operators read; retries key on the variant ([`Why::kind`]), never on the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    // The volume holds data.
+    DataAndNoClusterAnswered,
+    OutnumberedByAnotherCluster {
+        own: u64,
+        other: u64,
+        holders: Vec<String>,
+        not_reached: NotReached,
+    },
+    ForeignCluster {
+        wal_cluster: u64,
+        cluster: u64,
+    },
+    OwnMemberListed {
+        member: u64,
+    },
+    MemberRemoved {
+        member: u64,
+        cluster: u64,
+    },
+    UnreadableWalButListed,
+    UnreadableWalNotListed,
+    // The volume is empty and a cluster answers.
+    NoMemberForThisPod {
+        cluster: u64,
+    },
+    NeverStartedLearner {
+        member: u64,
+    },
+    NeverStartedFormationMember {
+        member: u64,
+    },
+    StaleEntry {
+        member: u64,
+        learner: bool,
+    },
+    // The volume is empty and no cluster answers.
+    BeyondInitialSize {
+        ordinal: u32,
+        replicas: u32,
+        not_reached: NotReached,
+    },
+    AgreedEarlier {
+        token: String,
+    },
+    PeerStartedOurFormation {
+        peer: String,
+        token: String,
+    },
+    PeersHoldData {
+        holders: Vec<String>,
+    },
+    NoProofYet {
+        blockers: Vec<String>,
+        not_reached: NotReached,
+    },
+    ReadyToPrepare,
+    OtherInitialCluster {
+        peer: String,
+        theirs: String,
+        ours: String,
+    },
+    WaitingForPrepare {
+        pods: Vec<String>,
+    },
+    FormNew {
+        token: String,
+    },
+    // This pod's own name does not resolve: whatever was decided waits.
+    OwnNameNotPublished {
+        host: String,
+        then: Box<Decision>,
+    },
+    OwnNameFails {
+        host: String,
+        error: String,
+        then: Box<Decision>,
+    },
+}
+
+/// Identifies a [`Why`] variant, whatever its fields: what the back-off keys on.
+pub type WhyKind = std::mem::Discriminant<Why>;
+
+impl Why {
+    pub fn kind(&self) -> WhyKind {
+        std::mem::discriminant(self)
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::DataAndNoClusterAnswered => write!(f, "the volume holds member data and no live cluster answered: etcd starts on its data and waits for its peers"),
+            Why::OutnumberedByAnotherCluster { own, other, holders, not_reached } => write!(f, "this volume holds data of cluster {own:x}, but {} hold data of cluster {other:x}: this data is not started as a cluster of its own; waiting for cluster {other:x} to answer, then it is set aside and this pod joins{not_reached}", holders.join(", ")),
+            Why::ForeignCluster { wal_cluster, cluster } => write!(f, "the WAL belongs to cluster {wal_cluster:x}, but the running cluster is {cluster:x}: its data is set aside and this pod joins"),
+            Why::OwnMemberListed { member } => write!(f, "the volume holds the data of member {member:x}, which the cluster lists"),
+            Why::MemberRemoved { member, cluster } => write!(f, "the volume holds the data of member {member:x}, which cluster {cluster:x} no longer lists (it was removed): its data is set aside and this pod joins anew"),
+            Why::UnreadableWalButListed => write!(f, "the WAL's identity could not be read, but the cluster lists this pod's peer URL: etcd starts and checks its own WAL"),
+            Why::UnreadableWalNotListed => write!(f, "the WAL's identity could not be read and the cluster has no member at this pod's peer URL: its data is set aside and this pod joins"),
+            Why::NoMemberForThisPod { cluster } => write!(f, "the volume is empty and cluster {cluster:x} has no member for this pod: join as a learner"),
+            Why::NeverStartedLearner { member } => write!(f, "the cluster lists this pod as learner {member:x} that never started (an earlier attempt was interrupted): start as that learner"),
+            Why::NeverStartedFormationMember { member } => write!(f, "the cluster lists this pod as member {member:x} of its formation that never started, and this volume holds that formation's marker: start as that member"),
+            Why::StaleEntry { member, learner } => write!(f, "the volume is empty but the cluster still lists this pod as {} {member:x}: its log is gone, so that entry is removed and this pod joins as a new learner (never with the old member ID)", if *learner { "learner" } else { "voter" }),
+            Why::BeyondInitialSize { ordinal, replicas, not_reached } => write!(f, "ordinal {ordinal} is beyond the initial cluster size {replicas}: this pod only joins a running cluster, and none answered{not_reached}"),
+            Why::AgreedEarlier { token } => write!(f, "this pod already agreed to form cluster token {token} and never started etcd: start as that member"),
+            Why::PeerStartedOurFormation { peer, token } => write!(f, "{peer} already started the formation this pod prepared for (token {token}): start as its member"),
+            Why::PeersHoldData { holders } => write!(f, "peers hold data of a cluster this pod did not form with: {}; this volume is empty, so it waits for that cluster to regain quorum and then joins it. If a majority of the volumes is lost for good, an operator must restore that cluster from a surviving member or a snapshot", holders.join(", ")),
+            Why::NoProofYet { blockers, not_reached } => write!(f, "no proof yet that no cluster exists: {}{not_reached}", blockers.join("; ")),
+            Why::ReadyToPrepare => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster"),
+            Why::OtherInitialCluster { peer, theirs, ours } => write!(f, "{peer} prepares a different initial cluster ({theirs}) than this pod ({ours}): every pod needs the same --replicas, --service and ports"),
+            Why::WaitingForPrepare { pods } => write!(f, "forming a new cluster: waiting for {} to prepare", pods.join(", ")),
+            Why::FormNew { token } => write!(f, "every initial pod is empty and prepared, and no cluster exists: form a new cluster with token {token}"),
+            Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
+            Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
+        }
+    }
+}
+
+/// One round's outcome: what to do, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub why: Why,
+}
+
+impl Decision {
+    /// The sentence an operator reads.
+    pub fn reason(&self) -> String {
+        self.why.to_string()
+    }
+}
+
+fn decision(action: Action, why: Why) -> Decision {
+    Decision { action, why }
+}
+
+fn wait(why: Why) -> Decision {
+    decision(Action::Wait, why)
+}
+
+/// The formation token: every initial pod's nonce, in ordinal order. Each pod can check
+/// its own nonce is in it, i.e. that it took part in forming that cluster.
+pub fn formation_token(nonces: &[&str]) -> String {
+    nonces.join(".")
+}
+
+fn token_includes(token: &str, ordinal: u32, nonce: &str) -> bool {
+    token.split('.').nth(ordinal as usize) == Some(nonce)
+}
+
+/// Decides how this member must start.
+pub fn decide(f: &Facts) -> Decision {
+    let d = if f.data.has_data() {
+        decide_with_data(f)
+    } else {
+        decide_empty(f)
+    };
+    gate_on_own_dns(f, d)
+}
+
+/// etcd refuses to start when its advertised peer URL does not resolve, and a member
+/// added before then would sit unstarted: wait for our own name first.
+fn gate_on_own_dns(f: &Facts, d: Decision) -> Decision {
+    let needs_dns = !matches!(
+        &d.action,
+        Action::Wait | Action::SetAside { .. } | Action::Bootstrap(Bootstrap::Prepare { .. })
+    );
+    let host = f.host.clone();
+    match (&f.own_dns, needs_dns) {
+        (Lookup::Found(_), _) | (_, false) => d,
+        (Lookup::NotFound, true) => wait(Why::OwnNameNotPublished {
+            host,
+            then: Box::new(d),
+        }),
+        (Lookup::Failed(e), true) => wait(Why::OwnNameFails {
+            host,
+            error: e.clone(),
+            then: Box::new(d),
+        }),
+    }
+}
+
+fn decide_with_data(f: &Facts) -> Decision {
+    let ClusterFacts::Healthy(view) = &f.cluster else {
+        if let Some(d) = outnumbered_by_another_cluster(f) {
+            return d;
+        }
+        return decision(Action::Restart, Why::DataAndNoClusterAnswered);
+    };
+    let listed_by_url = view
+        .members
+        .iter()
+        .any(|m| m.peer_urls.contains(&f.peer_url));
+    match f.data.wal_identity() {
+        Some(wal) if wal.cluster_id != view.cluster_id => decision(
+            Action::SetAside {
+                why: SetAsideWhy::ForeignCluster,
+            },
+            Why::ForeignCluster {
+                wal_cluster: wal.cluster_id,
+                cluster: view.cluster_id,
+            },
+        ),
+        Some(wal) if view.members.iter().any(|m| m.id == wal.member_id) => decision(
+            Action::Restart,
+            Why::OwnMemberListed {
+                member: wal.member_id,
+            },
+        ),
+        Some(wal) => decision(
+            Action::SetAside {
+                why: SetAsideWhy::RemovedMember,
+            },
+            Why::MemberRemoved {
+                member: wal.member_id,
+                cluster: view.cluster_id,
+            },
+        ),
+        None if listed_by_url => decision(Action::Restart, Why::UnreadableWalButListed),
+        None => decision(
+            Action::SetAside {
+                why: SetAsideWhy::NotAMember,
+            },
+            Why::UnreadableWalNotListed,
+        ),
+    }
+}
+
+fn not_reached(f: &Facts) -> NotReached {
+    match &f.cluster {
+        ClusterFacts::NotReached { tried } => NotReached(tried.clone()),
+        ClusterFacts::Healthy(_) => NotReached::default(),
+    }
+}
+
+/// With data and no live cluster to ask: whether the peers' volumes show that this one is
+/// the odd one out, i.e. more pods hold another cluster's WAL than hold this one's. Started,
+/// such a volume (a restored backup, a PVC from elsewhere) would run as a cluster of its own
+/// beside the real one; so it waits until that cluster answers, then is set aside and joins.
+/// Fewer or as many holders of another cluster (a tie, or one stray volume elsewhere) do not
+/// hold a member with data back: persistence over availability.
+fn outnumbered_by_another_cluster(f: &Facts) -> Option<Decision> {
+    let own = f.data.wal_identity()?.cluster_id;
+    let mut holders: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for p in &f.peers {
+        if let Some(Ok(PeerReport {
+            wal: Some(w), name, ..
+        })) = &p.report
+        {
+            holders.entry(w.cluster_id).or_default().push(name.clone());
+        }
+    }
+    let ours = 1 + holders.get(&own).map_or(0, Vec::len);
+    let (other, names) = holders
+        .iter()
+        .filter(|(c, _)| **c != own)
+        .max_by_key(|(_, names)| names.len())?;
+    (names.len() > ours).then(|| {
+        wait(Why::OutnumberedByAnotherCluster {
+            own,
+            other: *other,
+            holders: names.clone(),
+            not_reached: not_reached(f),
+        })
+    })
+}
+
+fn decide_empty(f: &Facts) -> Decision {
+    let ClusterFacts::Healthy(view) = &f.cluster else {
+        return decide_formation(f);
+    };
+    let via = view.source.clone();
+    let mine = view
+        .members
+        .iter()
+        .find(|m| m.peer_urls.contains(&f.peer_url) || (!m.name.is_empty() && m.name == f.name));
+    match mine {
+        None => decision(
+            Action::Join { via },
+            Why::NoMemberForThisPod {
+                cluster: view.cluster_id,
+            },
+        ),
+        Some(m) if m.never_started() && m.is_learner => decision(
+            Action::Resume {
+                member_id: m.id,
+                members: view.members.clone(),
+            },
+            Why::NeverStartedLearner { member: m.id },
+        ),
+        Some(m) if m.never_started() && f.data.formation.is_some() => decision(
+            Action::Resume {
+                member_id: m.id,
+                members: view.members.clone(),
+            },
+            Why::NeverStartedFormationMember { member: m.id },
+        ),
+        Some(m) => decision(
+            Action::Replace {
+                stale: m.clone(),
+                via,
+            },
+            Why::StaleEntry {
+                member: m.id,
+                learner: m.is_learner,
+            },
+        ),
+    }
+}
+
+/// An empty volume and no live cluster: form one only with proof that none exists.
+fn decide_formation(f: &Facts) -> Decision {
+    if f.ordinal >= f.replicas {
+        return wait(Why::BeyondInitialSize {
+            ordinal: f.ordinal,
+            replicas: f.replicas,
+            not_reached: not_reached(f),
+        });
+    }
+    let own = f.data.formation.as_ref();
+    if let Some(Formation {
+        token: Some(token),
+        nonce,
+        initial_cluster,
+    }) = own
+    {
+        return decision(
+            Action::Bootstrap(Bootstrap::Start {
+                nonce: nonce.clone(),
+                initial_cluster: initial_cluster.clone(),
+                token: token.clone(),
+            }),
+            Why::AgreedEarlier {
+                token: token.clone(),
+            },
+        );
+    }
+    let mut blockers = Vec::new();
+    let mut holders = Vec::new();
+    for p in &f.peers {
+        let initial = p.ordinal < f.replicas;
+        match (&p.dns, &p.report) {
+            (Lookup::NotFound, _) if initial => {
+                blockers.push(format!("{}: DNS name not published yet", p.name))
+            }
+            (Lookup::NotFound, _) => {}
+            (Lookup::Failed(e), _) => blockers.push(format!("{}: DNS lookup failed: {e}", p.name)),
+            (Lookup::Found(_), None) => blockers.push(format!("{}: not asked", p.name)),
+            (Lookup::Found(_), Some(Err(e))) => {
+                blockers.push(format!("{}: sidecar did not answer: {e}", p.name))
+            }
+            (Lookup::Found(_), Some(Ok(r))) if r.has_data => holders.push(r),
+            (Lookup::Found(_), Some(Ok(_))) => {}
+        }
+    }
+    if !holders.is_empty() {
+        return joined_formation_or_wait(f, own, &holders);
+    }
+    if !blockers.is_empty() {
+        return wait(Why::NoProofYet {
+            blockers,
+            not_reached: not_reached(f),
+        });
+    }
+    let own = own.filter(|o| o.initial_cluster == f.initial_cluster);
+    let Some(own) = own else {
+        // No marker, or one prepared for another initial cluster (the configuration changed
+        // before anyone started etcd): prepare afresh for the configured one.
+        return decision(
+            Action::Bootstrap(Bootstrap::Prepare {
+                marker: Formation {
+                    nonce: f.fresh_nonce.clone(),
+                    initial_cluster: f.initial_cluster.clone(),
+                    token: None,
+                },
+            }),
+            Why::ReadyToPrepare,
+        );
+    };
+    let mut nonces = Vec::new();
+    let mut unprepared = Vec::new();
+    for o in 0..f.replicas {
+        if o == f.ordinal {
+            nonces.push(own.nonce.as_str());
+            continue;
+        }
+        let report = f
+            .peers
+            .iter()
+            .find(|p| p.ordinal == o)
+            .and_then(|p| p.report.as_ref())
+            .and_then(|r| r.as_ref().ok());
+        match report.and_then(|r| Some((r, r.formation.as_ref()?))) {
+            Some((r, pf)) if pf.initial_cluster != own.initial_cluster => {
+                return wait(Why::OtherInitialCluster {
+                    peer: r.name.clone(),
+                    theirs: pf.initial_cluster.clone(),
+                    ours: own.initial_cluster.clone(),
+                });
+            }
+            Some((_, pf)) => nonces.push(pf.nonce.as_str()),
+            None => unprepared.push(f.pod_name(o)),
+        }
+    }
+    if !unprepared.is_empty() {
+        return wait(Why::WaitingForPrepare { pods: unprepared });
+    }
+    let token = formation_token(&nonces);
+    decision(
+        Action::Bootstrap(Bootstrap::Start {
+            nonce: own.nonce.clone(),
+            initial_cluster: own.initial_cluster.clone(),
+            token: token.clone(),
+        }),
+        Why::FormNew { token },
+    )
+}
+
+/// Peers already hold data while this volume is empty and no cluster answers. Only a pod
+/// that took part in that formation (its nonce is in every holder's token) may start with
+/// it; anyone else waits for the data's cluster.
+fn joined_formation_or_wait(
+    f: &Facts,
+    own: Option<&Formation>,
+    holders: &[&PeerReport],
+) -> Decision {
+    if let Some(mine) = own {
+        let tokens: Option<Vec<&str>> = holders
+            .iter()
+            .map(|r| match &r.formation {
+                Some(Formation {
+                    token: Some(t),
+                    initial_cluster,
+                    ..
+                }) if initial_cluster == &mine.initial_cluster
+                    && token_includes(t, f.ordinal, &mine.nonce) =>
+                {
+                    Some(t.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        if let (Some(tokens), Some(first)) = (tokens, holders.first()) {
+            if let Some(token) = tokens.first() {
+                return decision(
+                    Action::Bootstrap(Bootstrap::Start {
+                        nonce: mine.nonce.clone(),
+                        initial_cluster: mine.initial_cluster.clone(),
+                        token: token.to_string(),
+                    }),
+                    Why::PeerStartedOurFormation {
+                        peer: first.name.clone(),
+                        token: token.to_string(),
+                    },
+                );
+            }
+        }
+    }
+    let names = holders
+        .iter()
+        .map(|r| match r.wal {
+            Some(w) => format!(
+                "{} (member {:x} of cluster {:x})",
+                r.name, w.member_id, w.cluster_id
+            ),
+            None => format!("{} (WAL unreadable)", r.name),
+        })
+        .collect();
+    wait(Why::PeersHoldData { holders: names })
+}

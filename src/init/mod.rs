@@ -1,0 +1,101 @@
+//! `init`: observe → decide → act, round after round, until the decision is to start
+//! etcd. [`observe`] gathers the facts, [`decide`] (pure) picks one action, [`act`]
+//! performs it, [`retry`] (pure) says what follows a failure. Every act is followed by a
+//! fresh observation, so the agent can be killed at any point and run again.
+
+pub mod act;
+pub mod decide;
+pub mod etcd_args;
+pub mod explain;
+pub mod observe;
+pub mod retry;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::cluster::Connector;
+use crate::config::InitConfig;
+use crate::dns::Dns;
+use crate::volume;
+use act::{act, ActError, Next, Pause};
+use decide::decide;
+use etcd_args::{etcd_argv, StartMode};
+use observe::Observer;
+use retry::{Backoff, Retry};
+
+/// What `init` ends with.
+#[derive(Debug)]
+pub enum Outcome {
+    /// `--dry-run`: the decision, to print.
+    DryRun(Value),
+    /// Start etcd: exec `bin` with `argv`.
+    Exec { bin: PathBuf, argv: Vec<String> },
+}
+
+fn nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Runs `init` until etcd can be started (or, with `--dry-run`, for one round).
+pub async fn run<D, C>(init: InitConfig, dns: D, connector: C) -> Result<Outcome, ActError>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    let cfg = &init.config;
+    if !init.dry_run {
+        volume::prepare(&cfg.data_dir)?;
+    }
+    let observer = Observer {
+        cfg: cfg.clone(),
+        dns,
+        connector: connector.clone(),
+    };
+    let mut backoff = Backoff::default();
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        let facts = observer.observe(nonce()).await?;
+        let d = decide(&facts);
+        explain::log(&facts, &d, round);
+        if init.dry_run {
+            return Ok(Outcome::DryRun(explain::decision_json(&facts, &d)));
+        }
+        backoff.observe(&d.why);
+        let pause = match act(cfg, &connector, &facts, &d, unix_now()).await {
+            Ok(Next::Exec(mode)) => return Ok(exec(&init, &mode)),
+            Ok(Next::LookAgain(pause)) => pause,
+            Err(e) => match retry::policy(&e) {
+                Retry::GiveUp => return Err(e),
+                Retry::After(pause) => {
+                    tracing::info!(error = %e, retry_in = ?pause, "action not done; retrying");
+                    Pause::For(pause)
+                }
+                Retry::Backoff => {
+                    tracing::warn!(error = %e, "action not done; looking again");
+                    Pause::Backoff
+                }
+            },
+        };
+        match pause {
+            Pause::Now => {}
+            Pause::For(p) => tokio::time::sleep(p).await,
+            Pause::Backoff => tokio::time::sleep(backoff.next_delay()).await,
+        }
+    }
+}
+
+fn exec(init: &InitConfig, mode: &StartMode) -> Outcome {
+    Outcome::Exec {
+        bin: init.config.etcd_bin.clone(),
+        argv: etcd_argv(&init.config, mode, &init.etcd_args),
+    }
+}

@@ -1,0 +1,152 @@
+//! Pure: what to do after an action failed, and how long rounds that wait sleep. The
+//! back-off keys on the kind of reason ([`Why::kind`]), never on its text, so a reason whose
+//! details change (another peer missing) keeps backing off.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use crate::cluster::EtcdError;
+
+use super::act::ActError;
+use super::decide::{Why, WhyKind};
+
+/// etcd refuses membership changes for 5 s after one ("unhealthy cluster"): retry on a
+/// flat period rather than a growing back-off, which would overshoot the window by seconds.
+pub const UNHEALTHY_CLUSTER_RETRY: Duration = Duration::from_millis(250);
+
+/// After a failed action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Look again after this fixed pause.
+    After(Duration),
+    /// Look again after the back-off's next delay.
+    Backoff,
+    /// Stop: `init` exits with this error (the container restarts and tries afresh).
+    GiveUp,
+}
+
+/// Maps an action's error to what the loop does next.
+pub fn policy(e: &ActError) -> Retry {
+    match e {
+        // The volume cannot be written: nothing this loop can fix; say so and exit.
+        ActError::Volume(_) => Retry::GiveUp,
+        ActError::Membership { source, .. } => match source {
+            EtcdError::UnhealthyCluster => Retry::After(UNHEALTHY_CLUSTER_RETRY),
+            // Already done by an earlier attempt, or another learner's turn, or the cluster
+            // is in flux: look again, the next round sees what is true now.
+            _ => Retry::Backoff,
+        },
+    }
+}
+
+/// The back-off between rounds that wait: from 50 ms (peers started together answer within
+/// a few rounds) up to 5 s (a long wait costs its peers and DNS little), with jitter;
+/// restarted whenever the kind of reason changes.
+pub struct Backoff {
+    delays: backon::ExponentialBackoff,
+    key: Option<WhyKind>,
+}
+
+fn delays() -> backon::ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(1.6)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            delays: delays(),
+            key: None,
+        }
+    }
+}
+
+impl Backoff {
+    /// Notes this round's reason; a new kind of reason starts the back-off afresh.
+    pub fn observe(&mut self, why: &Why) {
+        if self.key != Some(why.kind()) {
+            self.delays = delays();
+            self.key = Some(why.kind());
+        }
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        self.delays.next().unwrap_or(Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::ActionKind;
+
+    fn membership(source: EtcdError) -> ActError {
+        ActError::Membership {
+            action: ActionKind::Join,
+            via: "etcd-0".into(),
+            source,
+        }
+    }
+
+    #[test]
+    fn each_error_maps_to_its_retry() {
+        let other = |detail: &str| EtcdError::Other {
+            endpoint: "e".into(),
+            detail: detail.into(),
+        };
+        let table = [
+            (
+                membership(EtcdError::UnhealthyCluster),
+                Retry::After(UNHEALTHY_CLUSTER_RETRY),
+            ),
+            (membership(EtcdError::TooManyLearners), Retry::Backoff),
+            (membership(EtcdError::PeerUrlExists), Retry::Backoff),
+            (
+                membership(EtcdError::MemberNotFound { id: 1 }),
+                Retry::Backoff,
+            ),
+            (membership(EtcdError::NoLeader), Retry::Backoff),
+            (membership(other("leader changed")), Retry::Backoff),
+            (
+                ActError::Volume(crate::volume::VolumeError::Unwritable {
+                    path: "/x".into(),
+                    source: std::io::Error::other("read-only file system"),
+                }),
+                Retry::GiveUp,
+            ),
+        ];
+        for (e, want) in table {
+            assert_eq!(policy(&e), want, "{e}");
+        }
+    }
+
+    #[test]
+    fn the_backoff_grows_for_one_kind_of_reason_and_restarts_for_another() {
+        let mut b = Backoff::default();
+        let waiting = |pods: &[&str]| Why::WaitingForPrepare {
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+        };
+        b.observe(&waiting(&["etcd-1"]));
+        let first = b.next_delay();
+        for _ in 0..12 {
+            b.observe(&waiting(&["etcd-1", "etcd-2"]));
+            b.next_delay();
+        }
+        b.observe(&waiting(&["etcd-2"]));
+        let late = b.next_delay();
+        assert!(
+            late > first * 4,
+            "same kind keeps growing: {first:?} → {late:?}"
+        );
+        assert!(late <= Duration::from_secs(10));
+        b.observe(&Why::ReadyToPrepare);
+        let fresh = b.next_delay();
+        assert!(fresh < Duration::from_millis(200), "{fresh:?}");
+    }
+}

@@ -1,0 +1,121 @@
+//! The decision journal, `member/steward/decisions.jsonl`: one line per decision `init`
+//! acted on. The sidecar reads it (was this member last started as a joining learner? how
+//! many of each action for the metrics), so it is typed on both sides.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::facts::ActionKind;
+
+use super::{steward_dir, VolumeError};
+
+/// One journal line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Unix time, seconds.
+    pub ts: u64,
+    pub action: ActionKind,
+    /// The sentence the log gave for it.
+    #[serde(default)]
+    pub reason: String,
+}
+
+pub fn path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("decisions.jsonl")
+}
+
+/// Appends one entry, durably.
+pub fn append(dir: &Path, entry: &Entry) -> Result<(), VolumeError> {
+    let line = serde_json::to_string(entry).unwrap_or_default();
+    let append = || -> std::io::Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(steward_dir(dir))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(path(dir))?;
+        writeln!(f, "{line}")?;
+        f.sync_data()
+    };
+    append().map_err(VolumeError::unwritable(dir))
+}
+
+/// Every entry that parses, oldest first (a line this version does not know is skipped:
+/// the journal outlives upgrades).
+pub fn read(dir: &Path) -> Vec<Entry> {
+    let Ok(text) = std::fs::read_to_string(path(dir)) else {
+        return vec![];
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The action of the last decision `init` recorded on this volume, if any.
+pub fn last_action(dir: &Path) -> Option<ActionKind> {
+    read(dir).last().map(|e| e.action)
+}
+
+/// How many times `init` took each action on this volume.
+pub fn counts(dir: &Path) -> BTreeMap<ActionKind, u64> {
+    let mut counts = BTreeMap::new();
+    for e in read(dir) {
+        *counts.entry(e.action).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::{inspect, tests::temp};
+
+    fn entry(action: ActionKind) -> Entry {
+        Entry {
+            ts: 1,
+            action,
+            reason: "because".into(),
+        }
+    }
+
+    #[test]
+    fn entries_are_read_back_typed_and_counted() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        assert_eq!(last_action(tmp.path()), None);
+        append(tmp.path(), &entry(ActionKind::Resume))?;
+        assert_eq!(last_action(tmp.path()), Some(ActionKind::Resume));
+        append(tmp.path(), &entry(ActionKind::Restart))?;
+        append(tmp.path(), &entry(ActionKind::Restart))?;
+        assert_eq!(counts(tmp.path()).get(&ActionKind::Restart), Some(&2));
+        assert_eq!(last_action(tmp.path()), Some(ActionKind::Restart));
+        assert!(!inspect(tmp.path())?.has_data());
+        Ok(())
+    }
+
+    #[test]
+    fn lines_of_an_older_or_newer_version_are_skipped() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        append(tmp.path(), &entry(ActionKind::Join))?;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path(tmp.path()))
+            .map_err(VolumeError::unwritable(tmp.path()))?;
+        writeln!(f, "{{\"ts\":2,\"action\":\"teleport\"}}\nnot json").ok();
+        assert_eq!(read(tmp.path()).len(), 1);
+        assert_eq!(last_action(tmp.path()), Some(ActionKind::Join));
+        Ok(())
+    }
+
+    #[test]
+    fn the_journal_line_format_is_stable() {
+        let text = serde_json::to_string(&entry(ActionKind::SetAside)).unwrap_or_default();
+        assert_eq!(text, r#"{"ts":1,"action":"set-aside","reason":"because"}"#);
+    }
+}

@@ -1,0 +1,62 @@
+//! The formation marker, `member/steward/formation.json`: this pod's nonce for a formation
+//! under way, and once agreed, the cluster token. Written durably before etcd starts, so a
+//! pod killed mid-formation recognises its own formation when it comes back.
+
+use std::path::{Path, PathBuf};
+
+use crate::facts::Formation;
+
+use super::{steward_dir, write_atomically, VolumeError};
+
+fn path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("formation.json")
+}
+
+/// The marker, if there is one. An unreadable or malformed marker is an error the caller
+/// notes and ignores (it is not evidence of anything).
+pub fn read(dir: &Path) -> Result<Option<Formation>, String> {
+    match std::fs::read(path(dir)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Writes (or replaces) the marker, durably.
+pub fn write(dir: &Path, formation: &Formation) -> Result<(), VolumeError> {
+    let bytes = serde_json::to_vec(formation).unwrap_or_default();
+    write_atomically(&path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::{inspect, tests::temp};
+
+    #[test]
+    fn a_marker_round_trips_and_is_not_data() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        let f = Formation {
+            nonce: "n".into(),
+            initial_cluster: "a=b".into(),
+            token: Some("t".into()),
+        };
+        write(tmp.path(), &f)?;
+        assert_eq!(inspect(tmp.path())?.formation, Some(f));
+        assert!(!inspect(tmp.path())?.has_data());
+        Ok(())
+    }
+
+    #[test]
+    fn a_garbled_marker_is_noted_and_ignored() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
+        std::fs::write(path(tmp.path()), b"{not json").ok();
+        let state = inspect(tmp.path())?;
+        assert_eq!(state.formation, None);
+        assert_eq!(state.notes.len(), 1, "{:?}", state.notes);
+        Ok(())
+    }
+}
