@@ -445,7 +445,8 @@ sidecar_pid=$!
 trap 'kill "$sidecar_pid" 2>/dev/null || true' EXIT
 metrics=$out/sidecar-metrics.txt
 for _ in $(seq 50); do
-    if curl -fsS "http://127.0.0.1:$port/metrics" -o "$metrics" 2>/dev/null; then break; fi
+    if "$py" -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=2).read())' \
+        "http://127.0.0.1:$port/metrics" "$metrics" 2>/dev/null; then break; fi
     kill -0 "$sidecar_pid" 2>/dev/null || { cat "$out/sidecar.log" >&2; die "the sidecar exited"; }
     sleep 0.2
 done
