@@ -1,0 +1,151 @@
+{{/*
+The name of every resource and the app.kubernetes.io/name label: nameOverride, else the
+release name. With the release named `etcd` this is manifests/base's `etcd`.
+*/}}
+{{- define "etcd-steward.name" -}}
+{{- $name := default .Release.Name .Values.nameOverride -}}
+{{- if gt (len $name) 52 -}}
+{{- fail (printf "name %q is longer than 52 characters (pod names add -N and the PVC data-)" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The labels of manifests/base: helm adds none of its own, so the two render the same. */}}
+{{- define "etcd-steward.labels" -}}
+app.kubernetes.io/name: {{ include "etcd-steward.name" . }}
+app.kubernetes.io/managed-by: etcd-steward
+{{- end -}}
+
+{{- define "etcd-steward.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "etcd-steward.name" . }}
+{{- end -}}
+
+{{- define "etcd-steward.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+
+{{- define "etcd-steward.peerSecret" -}}
+{{ default (printf "%s-peer-tls" (include "etcd-steward.name" .)) .Values.tls.peerSecret }}
+{{- end -}}
+
+{{- define "etcd-steward.clientSecret" -}}
+{{ default (printf "%s-client-tls" (include "etcd-steward.name" .)) .Values.tls.clientSecret }}
+{{- end -}}
+
+{{/* backups.interval ("30m") in seconds, for the "backup too old" alert. */}}
+{{- define "etcd-steward.backupIntervalSeconds" -}}
+{{- $i := .Values.backups.interval -}}
+{{- $n := int (trimSuffix "s" (trimSuffix "m" (trimSuffix "h" $i))) -}}
+{{- if hasSuffix "h" $i -}}{{ mul $n 3600 }}
+{{- else if hasSuffix "m" $i -}}{{ mul $n 60 }}
+{{- else -}}{{ $n }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Configuration checks the schema cannot express; each fails the render with what to change.
+*/}}
+{{- define "etcd-steward.validate" -}}
+{{- if gt (int .Values.initialReplicas) (int .Values.replicas) -}}
+{{- fail (printf "initialReplicas (%d) exceeds replicas (%d): the pods that form the cluster must all exist; to scale down, see the README" (int .Values.initialReplicas) (int .Values.replicas)) -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
+{{- fail "tls.certManager.enabled needs tls.enabled" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
+{{- fail "tls.certManager.issuerRef.name is required: the Issuer or ClusterIssuer that signs the certificates" -}}
+{{- end -}}
+{{- if and .Values.auth.enabled (not .Values.auth.existingSecret) -}}
+{{- fail "auth.existingSecret is required: the Secret holding the password of auth.username" -}}
+{{- end -}}
+{{- if .Values.backups.enabled -}}
+{{- if hasPrefix "s3://" .Values.backups.url -}}
+{{- if not .Values.backups.credentialsSecret -}}
+{{- fail "backups.credentialsSecret is required for an s3:// URL (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)" -}}
+{{- end -}}
+{{- else if hasPrefix "file://" .Values.backups.url -}}
+{{- if not .Values.backups.volume.claimName -}}
+{{- fail "backups.volume.claimName is required for a file:// URL: the sidecar's root filesystem is read-only" -}}
+{{- end -}}
+{{- if not (hasPrefix (printf "file://%s" .Values.backups.volume.mountPath) .Values.backups.url) -}}
+{{- fail (printf "backups.url %q is not under backups.volume.mountPath %q" .Values.backups.url .Values.backups.volume.mountPath) -}}
+{{- end -}}
+{{- else -}}
+{{- fail (printf "backups.url %q: want s3://BUCKET/PREFIX or file:///PATH" .Values.backups.url) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The environment both containers share: the pod's identity, the cluster's shape, then TLS and
+auth when on. Both containers must derive the same cluster from it.
+*/}}
+{{- define "etcd-steward.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: ETCD_STEWARD_REPLICAS
+  value: {{ .Values.initialReplicas | int | quote }}
+- name: ETCD_STEWARD_SERVICE
+  value: {{ include "etcd-steward.name" . }}
+- name: ETCD_STEWARD_DATA_DIR
+  value: /var/lib/etcd
+{{- if ne .Values.clusterDomain "cluster.local" }}
+- name: ETCD_STEWARD_CLUSTER_DOMAIN
+  value: {{ .Values.clusterDomain | quote }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+- name: ETCD_STEWARD_CLIENT_CERT_FILE
+  value: /etc/etcd/tls/client/tls.crt
+- name: ETCD_STEWARD_CLIENT_KEY_FILE
+  value: /etc/etcd/tls/client/tls.key
+- name: ETCD_STEWARD_TRUSTED_CA_FILE
+  value: /etc/etcd/tls/client/ca.crt
+- name: ETCD_STEWARD_PEER_CERT_FILE
+  value: /etc/etcd/tls/peer/tls.crt
+- name: ETCD_STEWARD_PEER_KEY_FILE
+  value: /etc/etcd/tls/peer/tls.key
+- name: ETCD_STEWARD_PEER_TRUSTED_CA_FILE
+  value: /etc/etcd/tls/peer/ca.crt
+{{- end }}
+{{- if .Values.auth.enabled }}
+- name: ETCD_STEWARD_AUTH_USERNAME
+  value: {{ .Values.auth.username | quote }}
+- name: ETCD_STEWARD_AUTH_PASSWORD_FILE
+  value: /etc/etcd/auth/{{ .Values.auth.passwordKey }}
+{{- end }}
+{{- end -}}
+
+{{/* The secret mounts both containers share (after the data volume). */}}
+{{- define "etcd-steward.secretMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: client-tls
+  mountPath: /etc/etcd/tls/client
+  readOnly: true
+- name: peer-tls
+  mountPath: /etc/etcd/tls/peer
+  readOnly: true
+{{- end }}
+{{- if .Values.auth.enabled }}
+- name: auth
+  mountPath: /etc/etcd/auth
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "etcd-steward.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
