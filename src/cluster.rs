@@ -332,3 +332,115 @@ impl Etcd for EtcdClientMember {
             .map_err(|e| with_id(classify(&self.endpoint, e), id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grpc(code: tonic::Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    /// etcd's own messages (server/etcdserver/api/v3rpc/rpctypes) and the transport's
+    /// failures, each sorted into the variant the callers act on.
+    #[test]
+    fn etcd_errors_are_sorted_by_what_to_do_next() {
+        use tonic::Code::*;
+        let ep = "etcd-0:2379";
+        let other = |detail: &str| EtcdError::Other {
+            endpoint: ep.into(),
+            detail: detail.into(),
+        };
+        let table: Vec<(etcd_client::Error, EtcdError)> = vec![
+            (
+                grpc(
+                    FailedPrecondition,
+                    "etcdserver: too many learner members in cluster",
+                ),
+                EtcdError::TooManyLearners,
+            ),
+            (
+                grpc(Unavailable, "etcdserver: unhealthy cluster"),
+                EtcdError::UnhealthyCluster,
+            ),
+            (
+                grpc(FailedPrecondition, "etcdserver: Peer URLs already exists"),
+                EtcdError::PeerUrlExists,
+            ),
+            (
+                grpc(NotFound, "etcdserver: member not found"),
+                EtcdError::MemberNotFound { id: 0 },
+            ),
+            (
+                grpc(
+                    FailedPrecondition,
+                    "etcdserver: can only promote a learner member which is in sync with leader",
+                ),
+                EtcdError::LearnerNotReady { id: 0 },
+            ),
+            (
+                grpc(
+                    FailedPrecondition,
+                    "etcdserver: can only promote a learner member",
+                ),
+                EtcdError::AlreadyVoter { id: 0 },
+            ),
+            (
+                grpc(Unavailable, "etcdserver: no leader"),
+                EtcdError::NoLeader,
+            ),
+            (
+                grpc(InvalidArgument, "etcdserver: user name is empty"),
+                EtcdError::Unauthorized {
+                    endpoint: ep.into(),
+                    detail: "etcdserver: user name is empty".into(),
+                },
+            ),
+            (
+                grpc(PermissionDenied, "etcdserver: permission denied"),
+                EtcdError::Unauthorized {
+                    endpoint: ep.into(),
+                    detail: "etcdserver: permission denied".into(),
+                },
+            ),
+            (
+                grpc(DeadlineExceeded, "context deadline exceeded"),
+                EtcdError::TimedOut {
+                    endpoint: ep.into(),
+                    detail: "context deadline exceeded".into(),
+                },
+            ),
+            (
+                grpc(
+                    Unavailable,
+                    "error trying to connect: tcp connect error: Connection refused",
+                ),
+                EtcdError::Unreachable {
+                    endpoint: ep.into(),
+                    detail: "error trying to connect: tcp connect error: Connection refused".into(),
+                },
+            ),
+            (
+                grpc(Unknown, "etcdserver: leader changed"),
+                other("etcdserver: leader changed"),
+            ),
+            (
+                grpc(Unavailable, "etcdserver: leader changed"),
+                other("etcdserver: leader changed"),
+            ),
+        ];
+        for (error, want) in table {
+            let text = error.to_string();
+            assert_eq!(classify(ep, error), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_member_id_is_filled_in_where_the_error_names_one() {
+        assert_eq!(
+            with_id(EtcdError::LearnerNotReady { id: 0 }, 7),
+            EtcdError::LearnerNotReady { id: 7 }
+        );
+        assert_eq!(with_id(EtcdError::NoLeader, 7), EtcdError::NoLeader);
+    }
+}

@@ -20,12 +20,6 @@ pub enum GetError {
     Failed(String),
 }
 
-impl From<GetError> for String {
-    fn from(e: GetError) -> String {
-        e.to_string()
-    }
-}
-
 /// GETs `path` from `addr` (with `Host: host`) over plain HTTP; returns status and body.
 pub async fn get(
     addr: SocketAddr,

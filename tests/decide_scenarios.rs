@@ -1469,6 +1469,34 @@ mod invariants {
         }
 
         #[test]
+        fn every_action_carries_what_it_needs(f in any_facts()) {
+            let d = decide(&f);
+            let view = match &f.cluster {
+                ClusterFacts::Healthy(v) => Some(v),
+                ClusterFacts::NotReached { .. } => None,
+            };
+            match &d.action {
+                Action::Join { via } | Action::Replace { via, .. } => {
+                    prop_assert_eq!(Some(via), view.map(|v| &v.source), "{:?}", d);
+                }
+                Action::Resume { member_id, members } => {
+                    prop_assert_eq!(Some(members), view.map(|v| &v.members));
+                    prop_assert!(members.iter().any(|m| m.id == *member_id));
+                }
+                Action::Bootstrap(Bootstrap::Start { nonce, token, .. }) => {
+                    prop_assert!(!token.is_empty(), "{:?}", d);
+                    // A token agreed earlier is the one this pod wrote; any other includes
+                    // this pod's nonce at its ordinal.
+                    let agreed = f.data.formation.as_ref().and_then(|m| m.token.as_ref());
+                    if agreed != Some(token) {
+                        prop_assert_eq!(token.split('.').nth(f.ordinal as usize), Some(nonce.as_str()), "{:?}", d);
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        #[test]
         fn a_resumed_member_never_started_before(f in any_facts()) {
             let d = decide(&f);
             if let (Action::Resume { member_id, .. }, ClusterFacts::Healthy(view)) = (&d.action, &f.cluster) {

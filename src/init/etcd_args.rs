@@ -99,3 +99,113 @@ pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String
     argv.extend(extra.iter().cloned());
     argv
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Cli, Command};
+
+    fn config(listen_ip: &str) -> Config {
+        let listen = format!("--listen-ip={listen_ip}");
+        let argv = vec![
+            "etcd-steward",
+            "sidecar",
+            "--name=etcd-1",
+            "--replicas=3",
+            &listen,
+            "--data-dir=/var/lib/etcd",
+        ];
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Sidecar(args)) => args.common.validate().unwrap_or_else(|e| panic!("{e}")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn member(id: u64, name: &str, o: u32) -> MemberInfo {
+        MemberInfo {
+            id,
+            name: name.into(),
+            peer_urls: vec![format!(
+                "http://etcd-{o}.etcd.default.svc.cluster.local:2380"
+            )],
+            client_urls: vec![],
+            is_learner: false,
+        }
+    }
+
+    fn flags_after_common(argv: &[String]) -> Vec<&str> {
+        argv.iter().skip(6).map(String::as_str).collect()
+    }
+
+    #[test]
+    fn every_start_mode_has_its_own_flags() {
+        let cfg = config("10.0.0.11");
+        let common = etcd_argv(&cfg, &StartMode::Restart, &[]);
+        assert_eq!(
+            common,
+            [
+                "--name=etcd-1",
+                "--data-dir=/var/lib/etcd",
+                "--listen-peer-urls=http://10.0.0.11:2380",
+                "--listen-client-urls=http://10.0.0.11:2379",
+                "--initial-advertise-peer-urls=http://etcd-1.etcd.default.svc.cluster.local:2380",
+                "--advertise-client-urls=http://etcd-1.etcd.default.svc.cluster.local:2379",
+            ]
+        );
+        let table: Vec<(StartMode, Vec<&str>)> = vec![
+            (StartMode::Restart, vec![]),
+            (
+                StartMode::New {
+                    initial_cluster: "etcd-0=a,etcd-1=b".into(),
+                    token: "n0.n1".into(),
+                },
+                vec![
+                    "--initial-cluster=etcd-0=a,etcd-1=b",
+                    "--initial-cluster-state=new",
+                    "--initial-cluster-token=n0.n1",
+                ],
+            ),
+            (
+                StartMode::Existing {
+                    members: vec![member(0xa0, "etcd-0", 0), member(0xa1, "", 1), member(0xa2, "", 2)],
+                },
+                vec![
+                    "--initial-cluster=etcd-0=http://etcd-0.etcd.default.svc.cluster.local:2380,etcd-1=http://etcd-1.etcd.default.svc.cluster.local:2380,etcd-2=http://etcd-2.etcd.default.svc.cluster.local:2380",
+                    "--initial-cluster-state=existing",
+                ],
+            ),
+        ];
+        for (mode, want) in table {
+            let argv = etcd_argv(&cfg, &mode, &[]);
+            assert_eq!(argv[..6], common[..], "{mode:?}");
+            assert_eq!(flags_after_common(&argv), want, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn this_pod_is_added_to_an_existing_cluster_that_does_not_list_it_yet() {
+        let id = config("10.0.0.11").identity;
+        let ic = existing_initial_cluster(&id, &[member(0xa0, "etcd-0", 0), member(0xa9, "", 9)]);
+        assert_eq!(
+            ic,
+            "etcd-0=http://etcd-0.etcd.default.svc.cluster.local:2380,etcd-9=http://etcd-9.etcd.default.svc.cluster.local:2380,etcd-1=http://etcd-1.etcd.default.svc.cluster.local:2380"
+        );
+    }
+
+    #[test]
+    fn ipv6_listen_addresses_are_bracketed_and_user_flags_come_last() {
+        let cfg = config("fd00::11");
+        let argv = etcd_argv(
+            &cfg,
+            &StartMode::Restart,
+            &["--quota-backend-bytes=1".into()],
+        );
+        assert!(argv.contains(&"--listen-client-urls=http://[fd00::11]:2379".to_string()));
+        assert_eq!(
+            argv.last().map(String::as_str),
+            Some("--quota-backend-bytes=1")
+        );
+    }
+}
