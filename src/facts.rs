@@ -43,6 +43,10 @@ pub struct Formation {
     pub initial_cluster: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The backup the new cluster starts from (every initial pod restores the same one);
+    /// `None`: it starts empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// What the data directory holds.
@@ -53,6 +57,8 @@ pub struct DataDirState {
     pub formation: Option<Formation>,
     /// Anomalies worth a line in the decision log (an unreadable marker, …).
     pub notes: Vec<String>,
+    /// Snapshots this pod downloaded for a restore and found corrupt: (name, why).
+    pub rejected_snapshots: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +76,7 @@ impl DataDirState {
             wal: WalState::None,
             formation: None,
             notes: vec![],
+            rejected_snapshots: vec![],
         }
     }
 
@@ -192,6 +199,8 @@ pub struct Facts {
     /// The other pods of the set that were asked (initial peers, and higher ordinals
     /// whose names exist).
     pub peers: Vec<PeerFacts>,
+    /// What the backup store offers, asked only when a new cluster may have to be formed.
+    pub backups: BackupFacts,
     /// A random nonce, used if this round prepares a formation marker.
     pub fresh_nonce: String,
 }
@@ -228,6 +237,43 @@ pub struct PeerFacts {
     pub dns: Lookup,
     /// The sidecar's report; `None` when it was not asked (name not resolved).
     pub report: Option<Result<PeerReport, String>>,
+}
+
+/// What the backup store offers a cluster that must be formed anew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackupFacts {
+    /// No `--backup-url`, or `--restore never`: a new cluster starts empty.
+    Off,
+    /// Not asked this round (a cluster answered, or this volume holds data).
+    NotAsked,
+    /// The store could not be listed: no proof that there is nothing to restore.
+    Unreachable { error: String },
+    /// The store's snapshots, newest first, and which one `--restore` wants.
+    Listed {
+        wanted: RestoreWanted,
+        snapshots: Vec<SnapshotFacts>,
+    },
+}
+
+/// `--restore`: `latest` or a snapshot's name (`never` is [`BackupFacts::Off`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestoreWanted {
+    Latest,
+    Named(String),
+}
+
+/// One snapshot in the store, as its manifest describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotFacts {
+    pub name: String,
+    pub revision: i64,
+    /// When it was taken, unix seconds.
+    pub time_unix: u64,
+    /// etcd's checksum matched while it streamed into the store.
+    pub verified: bool,
+    /// A restore drill of it failed.
+    pub drill_failed: bool,
 }
 
 /// The kinds of action `init` takes, as logs, metrics and the journal name them.

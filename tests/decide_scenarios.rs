@@ -4,10 +4,10 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use etcd_steward::facts::{
-    ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup, MemberInfo,
-    PeerFacts, PeerReport, WalIdentity, WalState,
+    BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup,
+    MemberInfo, PeerFacts, PeerReport, RestoreWanted, SnapshotFacts, WalIdentity, WalState,
 };
-use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy};
+use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
 // ---------------------------------------------------------------------------------------
 // Small constructors: a three-pod set `etcd` in namespace `default`.
@@ -49,6 +49,7 @@ fn empty_dir() -> DataDirState {
         wal: WalState::None,
         formation: None,
         notes: vec![],
+        rejected_snapshots: vec![],
     }
 }
 
@@ -60,6 +61,7 @@ fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
         })),
         formation: None,
         notes: vec![],
+        rejected_snapshots: vec![],
     }
 }
 
@@ -70,6 +72,7 @@ fn unreadable_wal() -> DataDirState {
         )),
         formation: None,
         notes: vec![],
+        rejected_snapshots: vec![],
     }
 }
 
@@ -78,6 +81,7 @@ fn marker(nonce: &str) -> Formation {
         nonce: nonce.into(),
         initial_cluster: initial_cluster(REPLICAS),
         token: None,
+        snapshot: None,
     }
 }
 
@@ -222,6 +226,7 @@ fn facts_for(ordinal: u32) -> Facts {
             .filter(|o| *o != ordinal)
             .map(empty_peer)
             .collect(),
+        backups: BackupFacts::Off,
         fresh_nonce: "fresh".into(),
     }
 }
@@ -263,6 +268,7 @@ fn assert_starts(d: &Decision, formation: Formation) {
             nonce: formation.nonce.clone(),
             initial_cluster: formation.initial_cluster.clone(),
             token: formation.token.clone().unwrap_or_default(),
+            snapshot: formation.snapshot.clone(),
         }),
         "{}",
         d.reason()
@@ -660,6 +666,7 @@ fn every_initial_peer_empty_and_no_marker_prepares_a_formation() {
                 nonce: "fresh".into(),
                 initial_cluster: initial_cluster(REPLICAS),
                 token: None,
+                snapshot: None,
             },
         })
     );
@@ -809,6 +816,7 @@ fn the_token_is_the_same_whichever_pod_computes_it() {
                 nonce: format!("n{me}"),
                 initial_cluster: initial_cluster(REPLICAS),
                 token: "n0.n1.n2".into(),
+                snapshot: None,
             })
         );
     }
@@ -820,6 +828,7 @@ fn a_peer_prepared_with_a_different_initial_cluster_makes_us_wait() {
         nonce: "n2".into(),
         initial_cluster: initial_cluster(5),
         token: None,
+        snapshot: None,
     };
     let f = with_peer(
         with_marker(with_peer(facts(), prepared_peer(0, "n0")), marker("n1")),
@@ -1006,6 +1015,216 @@ fn an_ordinal_beyond_the_initial_size_joins_a_healthy_cluster() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Every volume lost: a new cluster starts from the newest usable backup, never empty in
+// its place.
+// ---------------------------------------------------------------------------------------
+
+fn snapshot(name: &str, verified: bool) -> SnapshotFacts {
+    SnapshotFacts {
+        name: name.into(),
+        revision: 42,
+        time_unix: 1_700_000_000,
+        verified,
+        drill_failed: false,
+    }
+}
+
+fn with_backups(mut f: Facts, snapshots: Vec<SnapshotFacts>) -> Facts {
+    f.backups = BackupFacts::Listed {
+        wanted: RestoreWanted::Latest,
+        snapshots,
+    };
+    f
+}
+
+fn marker_for(nonce: &str, snapshot: &str) -> Formation {
+    Formation {
+        snapshot: Some(snapshot.into()),
+        ..marker(nonce)
+    }
+}
+
+fn prepared_peer_for(o: u32, nonce: &str, snapshot: &str) -> PeerFacts {
+    answering(
+        o,
+        PeerReport {
+            formation: Some(marker_for(nonce, snapshot)),
+            ..empty_report(o)
+        },
+    )
+}
+
+fn prepared_snapshot(d: &Decision) -> Option<Option<String>> {
+    match &d.action {
+        Action::Bootstrap(Bootstrap::Prepare { marker }) => Some(marker.snapshot.clone()),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_volume_empty_with_backups_prepares_to_restore_the_newest() {
+    let f = with_backups(facts(), vec![snapshot("new", true), snapshot("old", true)]);
+    let d = decide(&f);
+    assert_eq!(
+        prepared_snapshot(&d),
+        Some(Some("new".into())),
+        "{}",
+        d.reason()
+    );
+    assert_reason(&d, &["restored from backup new"]);
+}
+
+#[test]
+fn a_newest_snapshot_that_failed_its_checksum_is_skipped_for_the_next() {
+    let f = with_backups(
+        facts(),
+        vec![snapshot("bad", false), snapshot("good", true)],
+    );
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("good".into())));
+}
+
+#[test]
+fn a_snapshot_that_failed_its_drill_is_skipped() {
+    let mut drilled_bad = snapshot("bad", true);
+    drilled_bad.drill_failed = true;
+    let f = with_backups(facts(), vec![drilled_bad, snapshot("good", true)]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("good".into())));
+}
+
+#[test]
+fn a_snapshot_this_pod_found_corrupt_on_download_is_skipped() {
+    let mut f = with_backups(
+        facts(),
+        vec![snapshot("torn", true), snapshot("good", true)],
+    );
+    f.data
+        .rejected_snapshots
+        .push(("torn".into(), "sha256 mismatch".into()));
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("good".into())));
+}
+
+#[test]
+fn backups_that_exist_but_none_usable_make_us_wait_never_form_empty() {
+    let f = with_backups(
+        facts(),
+        vec![snapshot("bad-1", false), snapshot("bad-2", false)],
+    );
+    assert_waits(
+        &decide(&f),
+        &["none is usable", "bad-1", "bad-2", "--restore never"],
+    );
+}
+
+#[test]
+fn an_unreachable_backup_store_makes_us_wait_never_form_empty() {
+    let mut f = facts();
+    f.backups = BackupFacts::Unreachable {
+        error: "connection refused".into(),
+    };
+    assert_waits(
+        &decide(&f),
+        &["backup store cannot be listed", "connection refused"],
+    );
+}
+
+#[test]
+fn an_empty_backup_store_forms_an_empty_cluster() {
+    let f = with_backups(facts(), vec![]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(None));
+}
+
+#[test]
+fn a_named_snapshot_is_restored_and_a_missing_one_makes_us_wait() {
+    let mut f = with_backups(facts(), vec![snapshot("new", true), snapshot("old", true)]);
+    f.backups = BackupFacts::Listed {
+        wanted: RestoreWanted::Named("old".into()),
+        snapshots: vec![snapshot("new", true), snapshot("old", true)],
+    };
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("old".into())));
+    f.backups = BackupFacts::Listed {
+        wanted: RestoreWanted::Named("gone".into()),
+        snapshots: vec![snapshot("new", true)],
+    };
+    assert_waits(&decide(&f), &["gone", "not in the store"]);
+}
+
+#[test]
+fn every_pod_prepared_for_the_same_snapshot_starts_restoring_it() {
+    let mut f = with_backups(facts(), vec![snapshot("s1", true)]);
+    f = with_marker(f, marker_for("n1", "s1"));
+    f.peers = vec![
+        prepared_peer_for(0, "n0", "s1"),
+        prepared_peer_for(2, "n2", "s1"),
+    ];
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::Bootstrap(Bootstrap::Start {
+            nonce: "n1".into(),
+            initial_cluster: initial_cluster(REPLICAS),
+            token: "n0.n1.n2".into(),
+            snapshot: Some("s1".into()),
+        }),
+        "{}",
+        d.reason()
+    );
+}
+
+#[test]
+fn a_peer_prepared_for_another_snapshot_makes_us_wait() {
+    let mut f = with_backups(facts(), vec![snapshot("s1", true)]);
+    f = with_marker(f, marker_for("n1", "s1"));
+    f.peers = vec![
+        prepared_peer_for(0, "n0", "s1"),
+        prepared_peer_for(2, "n2", "s0"),
+    ];
+    assert_waits(&decide(&f), &["etcd-2", "snapshot s0", "snapshot s1"]);
+}
+
+#[test]
+fn our_marker_prepared_for_a_snapshot_no_longer_chosen_is_prepared_afresh() {
+    let mut f = with_backups(facts(), vec![snapshot("s2", true), snapshot("s1", true)]);
+    f = with_marker(f, marker_for("n1", "s1"));
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s2".into())));
+}
+
+#[test]
+fn an_agreed_restore_is_finished_after_a_kill() {
+    let f = with_marker(
+        with_backups(facts(), vec![]),
+        Formation {
+            token: Some("n0.n1.n2".into()),
+            ..marker_for("n1", "s1")
+        },
+    );
+    match decide(&f).action {
+        Action::Bootstrap(Bootstrap::Start { snapshot, .. }) => {
+            assert_eq!(snapshot.as_deref(), Some("s1"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_volume_with_data_is_never_restored_over() {
+    let mut f = with_backups(facts(), vec![snapshot("s1", true)]);
+    f.data = wal_of(0xa1, CLUSTER);
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_surviving_volume_elsewhere_means_no_restore() {
+    // Two volumes lost, one survives: its data is newer than any backup.
+    let f = with_peer(
+        with_backups(facts(), vec![snapshot("s1", true)]),
+        started_peer(0, 0xa0, None),
+    );
+    let d = decide(&f);
+    assert_eq!(prepared_snapshot(&d), None);
+    assert_waits(&d, &["etcd-0"]);
+}
+
+// ---------------------------------------------------------------------------------------
 // Our own DNS name: etcd refuses to start before it resolves.
 // ---------------------------------------------------------------------------------------
 
@@ -1138,12 +1357,37 @@ mod invariants {
             nonce(),
             prop::sample::select(vec![2u32, 3, 4]),
             prop::option::of(token()),
+            prop::option::of(prop::sample::select(vec!["s1", "s2"])),
         )
-            .prop_map(|(nonce, size, token)| Formation {
+            .prop_map(|(nonce, size, token, snapshot)| Formation {
                 nonce,
                 initial_cluster: initial_cluster(size),
                 token,
+                snapshot: snapshot.map(str::to_string),
             })
+    }
+
+    fn backups() -> impl Strategy<Value = BackupFacts> {
+        let snapshot = (
+            prop::sample::select(vec!["s1", "s2"]),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(name, verified, drill_failed)| SnapshotFacts {
+                name: name.into(),
+                revision: 7,
+                time_unix: 1,
+                verified,
+                drill_failed,
+            });
+        prop_oneof![
+            2 => Just(BackupFacts::Off),
+            1 => Just(BackupFacts::Unreachable { error: "connection refused".into() }),
+            2 => prop::collection::vec(snapshot, 0..3).prop_map(|snapshots| BackupFacts::Listed {
+                wanted: RestoreWanted::Latest,
+                snapshots,
+            }),
+        ]
     }
 
     fn wal_identity() -> impl Strategy<Value = WalIdentity> {
@@ -1170,6 +1414,7 @@ mod invariants {
             wal,
             formation,
             notes: vec![],
+            rejected_snapshots: vec![],
         })
     }
 
@@ -1251,6 +1496,7 @@ mod invariants {
              data in data_dir(),
              own_dns in lookup(ordinal),
              cluster in cluster(),
+             backups in backups(),
              fresh in nonce(),
              replicas in Just(replicas),
              ordinal in Just(ordinal))
@@ -1268,7 +1514,8 @@ mod invariants {
                 own_dns,
                 cluster,
                 peers,
-                fresh_nonce: fresh,
+                backups,
+            fresh_nonce: fresh,
             }
         }
     }
@@ -1493,6 +1740,17 @@ mod invariants {
                     }
                 }
                 _ => {}
+            }
+        }
+
+        #[test]
+        fn no_new_cluster_while_the_backup_store_cannot_say_what_it_holds(f in any_facts()) {
+            let d = decide(&f);
+            let store_silent = matches!(f.backups, BackupFacts::Unreachable { .. });
+            let none_usable = matches!(&f.backups, BackupFacts::Listed { snapshots, .. }
+                if !snapshots.is_empty() && snapshots.iter().all(|s| !s.verified || s.drill_failed));
+            if store_silent || none_usable {
+                prop_assert!(!matches!(d.why, Why::ReadyToPrepare { .. } | Why::FormNew { .. }), "{:?}", d);
             }
         }
 

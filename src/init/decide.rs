@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::facts::{
-    ActionKind, ClusterFacts, Endpoint, Facts, Formation, Lookup, MemberInfo, PeerReport,
+    ActionKind, BackupFacts, ClusterFacts, Endpoint, Facts, Formation, Lookup, MemberInfo,
+    PeerReport, RestoreWanted,
 };
 
 /// Why data is set aside before joining.
@@ -41,11 +42,13 @@ impl SetAsideWhy {
 pub enum Bootstrap {
     /// Write this pod's formation marker (its nonce) so peers can see it is ready.
     Prepare { marker: Formation },
-    /// Every initial pod is prepared: record the token and start etcd as a new cluster.
+    /// Every initial pod is prepared: record the token and start etcd as a new cluster,
+    /// restored from `snapshot` when there is one.
     Start {
         nonce: String,
         initial_cluster: String,
         token: String,
+        snapshot: Option<String>,
     },
 }
 
@@ -58,10 +61,12 @@ impl Bootstrap {
                 nonce,
                 initial_cluster,
                 token,
+                snapshot,
             } => Formation {
                 nonce: nonce.clone(),
                 initial_cluster: initial_cluster.clone(),
                 token: Some(token.clone()),
+                snapshot: snapshot.clone(),
             },
         }
     }
@@ -188,7 +193,24 @@ pub enum Why {
         blockers: Vec<String>,
         not_reached: NotReached,
     },
-    ReadyToPrepare,
+    ReadyToPrepare {
+        snapshot: Option<String>,
+    },
+    BackupStoreUnreachable {
+        error: String,
+    },
+    NoUsableBackup {
+        skipped: Vec<String>,
+    },
+    NamedBackupUnusable {
+        name: String,
+        problem: String,
+    },
+    OtherSnapshot {
+        peer: String,
+        theirs: Option<String>,
+        ours: Option<String>,
+    },
     OtherInitialCluster {
         peer: String,
         theirs: String,
@@ -199,6 +221,7 @@ pub enum Why {
     },
     FormNew {
         token: String,
+        snapshot: Option<String>,
     },
     // This pod's own name does not resolve: whatever was decided waits.
     OwnNameNotPublished {
@@ -240,13 +263,31 @@ impl std::fmt::Display for Why {
             Why::PeerStartedOurFormation { peer, token } => write!(f, "{peer} already started the formation this pod prepared for (token {token}): start as its member"),
             Why::PeersHoldData { holders } => write!(f, "peers hold data of a cluster this pod did not form with: {}; this volume is empty, so it waits for that cluster to regain quorum and then joins it. If a majority of the volumes is lost for good, an operator must restore that cluster from a surviving member or a snapshot", holders.join(", ")),
             Why::NoProofYet { blockers, not_reached } => write!(f, "no proof yet that no cluster exists: {}{not_reached}", blockers.join("; ")),
-            Why::ReadyToPrepare => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster"),
+            Why::ReadyToPrepare { snapshot } => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster{}", from_backup(snapshot)),
+            Why::BackupStoreUnreachable { error } => write!(f, "every volume is empty and no cluster answered, but the backup store cannot be listed ({error}): no proof that there is no backup to restore, so no empty cluster is formed; waiting for the store"),
+            Why::NoUsableBackup { skipped } => write!(f, "every volume is empty and no cluster answered; the backup store holds snapshots but none is usable ({}): an empty cluster is not formed in their place. Fix the store, or name a snapshot with --restore, or start empty with --restore never", skipped.join("; ")),
+            Why::NamedBackupUnusable { name, problem } => write!(f, "every volume is empty and no cluster answered; --restore names snapshot {name}, which {problem}: waiting"),
+            Why::OtherSnapshot { peer, theirs, ours } => write!(f, "{peer} prepared to form the new cluster from {}, this pod from {}: waiting until every pod chose the same", snapshot_name(theirs), snapshot_name(ours)),
             Why::OtherInitialCluster { peer, theirs, ours } => write!(f, "{peer} prepares a different initial cluster ({theirs}) than this pod ({ours}): every pod needs the same --replicas, --service and ports"),
             Why::WaitingForPrepare { pods } => write!(f, "forming a new cluster: waiting for {} to prepare", pods.join(", ")),
-            Why::FormNew { token } => write!(f, "every initial pod is empty and prepared, and no cluster exists: form a new cluster with token {token}"),
+            Why::FormNew { token, snapshot } => write!(f, "every initial pod is empty and prepared, and no cluster exists: form a new cluster with token {token}{}", from_backup(snapshot)),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
         }
+    }
+}
+
+fn from_backup(snapshot: &Option<String>) -> String {
+    match snapshot {
+        Some(name) => format!(", restored from backup {name}"),
+        None => String::new(),
+    }
+}
+
+fn snapshot_name(snapshot: &Option<String>) -> String {
+    match snapshot {
+        Some(name) => format!("snapshot {name}"),
+        None => "nothing (empty)".into(),
     }
 }
 
@@ -456,6 +497,7 @@ fn decide_formation(f: &Facts) -> Decision {
         token: Some(token),
         nonce,
         initial_cluster,
+        snapshot,
     }) = own
     {
         return decision(
@@ -463,6 +505,7 @@ fn decide_formation(f: &Facts) -> Decision {
                 nonce: nonce.clone(),
                 initial_cluster: initial_cluster.clone(),
                 token: token.clone(),
+                snapshot: snapshot.clone(),
             }),
             Why::AgreedEarlier {
                 token: token.clone(),
@@ -496,19 +539,25 @@ fn decide_formation(f: &Facts) -> Decision {
             not_reached: not_reached(f),
         });
     }
-    let own = own.filter(|o| o.initial_cluster == f.initial_cluster);
+    let snapshot = match restore_choice(f) {
+        Ok(snapshot) => snapshot,
+        Err(why) => return wait(why),
+    };
+    let own = own.filter(|o| o.initial_cluster == f.initial_cluster && o.snapshot == snapshot);
     let Some(own) = own else {
         // No marker, or one prepared for another initial cluster (the configuration changed
-        // before anyone started etcd): prepare afresh for the configured one.
+        // before anyone started etcd) or another snapshot (the store changed, or this pod
+        // found it corrupt): prepare afresh.
         return decision(
             Action::Bootstrap(Bootstrap::Prepare {
                 marker: Formation {
                     nonce: f.fresh_nonce.clone(),
                     initial_cluster: f.initial_cluster.clone(),
                     token: None,
+                    snapshot: snapshot.clone(),
                 },
             }),
-            Why::ReadyToPrepare,
+            Why::ReadyToPrepare { snapshot },
         );
     };
     let mut nonces = Vec::new();
@@ -532,6 +581,13 @@ fn decide_formation(f: &Facts) -> Decision {
                     ours: own.initial_cluster.clone(),
                 });
             }
+            Some((r, pf)) if pf.snapshot != own.snapshot => {
+                return wait(Why::OtherSnapshot {
+                    peer: r.name.clone(),
+                    theirs: pf.snapshot.clone(),
+                    ours: own.snapshot.clone(),
+                });
+            }
             Some((_, pf)) => nonces.push(pf.nonce.as_str()),
             None => unprepared.push(f.pod_name(o)),
         }
@@ -545,9 +601,79 @@ fn decide_formation(f: &Facts) -> Decision {
             nonce: own.nonce.clone(),
             initial_cluster: own.initial_cluster.clone(),
             token: token.clone(),
+            snapshot: own.snapshot.clone(),
         }),
-        Why::FormNew { token },
+        Why::FormNew {
+            token,
+            snapshot: own.snapshot.clone(),
+        },
     )
+}
+
+/// Which backup a new cluster starts from: `Ok(None)` to start empty (no backups
+/// configured, or the store holds none), `Ok(Some(name))` to restore that snapshot, or a
+/// reason to wait (the store unreachable, or snapshots there but none usable: never an
+/// empty cluster in their place).
+fn restore_choice(f: &Facts) -> Result<Option<String>, Why> {
+    let rejected = |name: &str| {
+        f.data
+            .rejected_snapshots
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, why)| why.clone())
+    };
+    let problem = |s: &crate::facts::SnapshotFacts| {
+        if !s.verified {
+            Some("failed its checksum when it was taken".to_string())
+        } else if s.drill_failed {
+            Some("failed its restore drill".to_string())
+        } else {
+            rejected(&s.name)
+                .map(|why| format!("failed its checksum when this pod downloaded it: {why}"))
+        }
+    };
+    match &f.backups {
+        BackupFacts::Off => Ok(None),
+        BackupFacts::NotAsked => Err(Why::BackupStoreUnreachable {
+            error: "not asked yet".into(),
+        }),
+        BackupFacts::Unreachable { error } => Err(Why::BackupStoreUnreachable {
+            error: error.clone(),
+        }),
+        BackupFacts::Listed {
+            wanted: RestoreWanted::Latest,
+            snapshots,
+        } => {
+            if snapshots.is_empty() {
+                return Ok(None);
+            }
+            if let Some(usable) = snapshots.iter().find(|s| problem(s).is_none()) {
+                return Ok(Some(usable.name.clone()));
+            }
+            Err(Why::NoUsableBackup {
+                skipped: snapshots
+                    .iter()
+                    .filter_map(|s| Some(format!("{} {}", s.name, problem(s)?)))
+                    .collect(),
+            })
+        }
+        BackupFacts::Listed {
+            wanted: RestoreWanted::Named(name),
+            snapshots,
+        } => match snapshots.iter().find(|s| &s.name == name) {
+            None => Err(Why::NamedBackupUnusable {
+                name: name.clone(),
+                problem: "is not in the store".into(),
+            }),
+            Some(s) => match problem(s) {
+                Some(p) => Err(Why::NamedBackupUnusable {
+                    name: name.clone(),
+                    problem: p,
+                }),
+                None => Ok(Some(name.clone())),
+            },
+        },
+    }
 }
 
 /// Peers already hold data while this volume is empty and no cluster answers. Only a pod
@@ -581,6 +707,7 @@ fn joined_formation_or_wait(
                         nonce: mine.nonce.clone(),
                         initial_cluster: mine.initial_cluster.clone(),
                         token: token.to_string(),
+                        snapshot: mine.snapshot.clone(),
                     }),
                     Why::PeerStartedOurFormation {
                         peer: first.name.clone(),

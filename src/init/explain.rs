@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::facts::{ClusterFacts, Facts, Lookup, WalState};
+use crate::facts::{BackupFacts, ClusterFacts, Facts, Lookup, WalState};
 
 use super::decide::{Action, Decision};
 
@@ -50,6 +50,19 @@ fn peers(f: &Facts) -> Value {
         .collect()
 }
 
+fn backups(f: &Facts) -> Value {
+    match &f.backups {
+        BackupFacts::Off => json!("off"),
+        BackupFacts::NotAsked => json!("not asked"),
+        BackupFacts::Unreachable { error } => json!({"unreachable": error}),
+        BackupFacts::Listed { wanted, snapshots } => json!({
+            "restore": wanted,
+            "snapshots": snapshots,
+            "rejected_here": f.data.rejected_snapshots,
+        }),
+    }
+}
+
 /// What a decision was taken on: the facts a reader of an incident needs.
 pub fn inputs(f: &Facts) -> Value {
     json!({
@@ -57,6 +70,7 @@ pub fn inputs(f: &Facts) -> Value {
         "formation": f.data.formation,
         "cluster": cluster(f),
         "peers": peers(f),
+        "backups": backups(f),
     })
 }
 
@@ -71,11 +85,13 @@ pub fn decision_json(f: &Facts, d: &Decision) -> Value {
         "own_dns": matches!(f.own_dns, Lookup::Found(_)),
         "cluster": cluster(f),
         "peers": peers(f),
+        "backups": backups(f),
     });
     match &d.action {
         Action::Bootstrap(step) => {
             out["step"] = json!(step.step_name());
             out["token"] = json!(step.marker().token);
+            out["snapshot"] = json!(step.marker().snapshot);
         }
         Action::Resume { member_id, .. } => out["member_id"] = json!(format!("{member_id:x}")),
         Action::Replace { stale, .. } => out["stale_member_id"] = json!(format!("{:x}", stale.id)),

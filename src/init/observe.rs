@@ -10,7 +10,9 @@ use tokio::task::JoinSet;
 use crate::cluster::{Connector, Etcd};
 use crate::config::Config;
 use crate::dns::Dns;
-use crate::facts::{ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport};
+use crate::facts::{
+    BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
+};
 use crate::http_get;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
 use crate::volume::{self, VolumeError};
@@ -123,6 +125,7 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
             own_dns,
             cluster,
             peers: peer_facts,
+            backups: BackupFacts::Off,
             fresh_nonce,
         })
     }

@@ -1,6 +1,8 @@
 //! The formation marker, `member/steward/formation.json`: this pod's nonce for a formation
 //! under way, and once agreed, the cluster token. Written durably before etcd starts, so a
-//! pod killed mid-formation recognises its own formation when it comes back.
+//! pod killed mid-formation recognises its own formation when it comes back. Beside it,
+//! the snapshots this pod found corrupt when it downloaded one to restore a new cluster
+//! from (`rejected-snapshots.json`), so that the next round chooses another.
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +32,29 @@ pub fn write(dir: &Path, formation: &Formation) -> Result<(), VolumeError> {
     write_atomically(&path(dir), &bytes).map_err(VolumeError::unwritable(dir))
 }
 
+fn rejected_path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("rejected-snapshots.json")
+}
+
+/// The snapshots found corrupt on download, with why (none when the file is missing or
+/// unreadable: a re-download finds a corrupt one again).
+pub fn rejected_snapshots(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read(rejected_path(dir))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Notes that `name` failed its checksum here, so it is not chosen again.
+pub fn reject_snapshot(dir: &Path, name: &str, why: &str) -> Result<(), VolumeError> {
+    let mut all = rejected_snapshots(dir);
+    if !all.iter().any(|(n, _)| n == name) {
+        all.push((name.to_string(), why.to_string()));
+    }
+    let bytes = serde_json::to_vec(&all).unwrap_or_default();
+    write_atomically(&rejected_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +67,7 @@ mod tests {
             nonce: "n".into(),
             initial_cluster: "a=b".into(),
             token: Some("t".into()),
+            snapshot: Some("s".into()),
         };
         write(tmp.path(), &f)?;
         assert_eq!(inspect(tmp.path())?.formation, Some(f));
@@ -57,6 +83,25 @@ mod tests {
         let state = inspect(tmp.path())?;
         assert_eq!(state.formation, None);
         assert_eq!(state.notes.len(), 1, "{:?}", state.notes);
+        Ok(())
+    }
+
+    #[test]
+    fn a_rejected_snapshot_is_remembered_once_and_is_not_data() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        assert!(rejected_snapshots(tmp.path()).is_empty());
+        reject_snapshot(tmp.path(), "s1", "sha256 mismatch")?;
+        reject_snapshot(tmp.path(), "s1", "again")?;
+        reject_snapshot(tmp.path(), "s2", "trailer mismatch")?;
+        let state = inspect(tmp.path())?;
+        assert_eq!(
+            state.rejected_snapshots,
+            vec![
+                ("s1".to_string(), "sha256 mismatch".to_string()),
+                ("s2".to_string(), "trailer mismatch".to_string())
+            ]
+        );
+        assert!(!state.has_data());
         Ok(())
     }
 }

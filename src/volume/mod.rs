@@ -78,6 +78,7 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         wal,
         formation,
         notes,
+        rejected_snapshots: marker::rejected_snapshots(dir),
     })
 }
 
