@@ -57,6 +57,7 @@ mod tests {
                 nonce: "ab".into(),
                 initial_cluster: "etcd-0=http://x:2380".into(),
                 token: None,
+                snapshot: None,
             }),
         }
     }

@@ -718,6 +718,7 @@ async fn peer_report_carries_the_formation_marker() -> TestResult {
         nonce: "5f1c".into(),
         initial_cluster: "etcd-0=http://etcd-0.etcd:2380,etcd-1=http://etcd-1.etcd:2380".into(),
         token: Some("a9e0.5f1c".into()),
+        snapshot: None,
     };
     write_formation(s.data_dir(), &marker)?;
     let r = report_of(&s).await?;

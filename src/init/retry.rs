@@ -145,7 +145,7 @@ mod tests {
             "same kind keeps growing: {first:?} → {late:?}"
         );
         assert!(late <= Duration::from_secs(10));
-        b.observe(&Why::ReadyToPrepare);
+        b.observe(&Why::ReadyToPrepare { snapshot: None });
         let fresh = b.next_delay();
         assert!(fresh < Duration::from_millis(200), "{fresh:?}");
     }
