@@ -12,6 +12,7 @@ pub mod decide;
 pub mod dns;
 pub mod etcd_args;
 pub mod exec;
+pub mod fake;
 pub mod http_get;
 pub mod identity;
 pub mod init;

@@ -1,48 +1,17 @@
-//! Pure promotion and stall logic. The sidecar's loop observes, asks these functions
-//! what to do, and does it.
+//! Removal of stalled learners, by the leader's sidecar only: a learner that never started
+//! or stopped progressing for `--learner-stall-timeout` would block the next join (etcd
+//! allows one learner at a time). A learner in sync but idle is not stalled.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use crate::cluster::MemberStatus;
-
-/// What this pod's sidecar should do about its own member.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// A voter: nothing to promote.
-    Voter,
-    /// A learner that sees no leader: nothing can be done yet.
-    NoLeader,
-    /// A learner still catching up.
-    CatchingUp { index: u64, leader_index: u64 },
-    /// A learner close enough to the leader: ask a voter to promote it.
-    Promote { id: u64 },
-}
-
-/// etcd promotes a learner whose match index is at least 90% of the leader's
-/// (`isLearnerReady` in etcdserver); ask at that point and let etcd judge exactly.
-pub fn caught_up(index: u64, leader_index: u64) -> bool {
-    leader_index > 0 && u128::from(index) * 10 >= u128::from(leader_index) * 9
-}
-
-pub fn next_step(status: &MemberStatus, leader_index: Option<u64>) -> Step {
-    if !status.is_learner {
-        return Step::Voter;
-    }
-    match leader_index {
-        None => Step::NoLeader,
-        Some(_) if status.leader == 0 => Step::NoLeader,
-        Some(li) if caught_up(status.raft_index, li) => Step::Promote {
-            id: status.member_id,
-        },
-        Some(li) => Step::CatchingUp {
-            index: status.raft_index,
-            leader_index: li,
-        },
-    }
-}
+use super::promote::caught_up;
+use super::{Outcome, Planner, Step};
+use crate::sidecar::observe::Observation;
 
 #[derive(Debug, Clone, Copy)]
 struct Seen {
@@ -100,42 +69,58 @@ impl StallTracker {
     }
 }
 
+/// Removes stalled learners while this pod's member leads; counts the removals.
+#[derive(Debug)]
+pub struct Evict {
+    timeout: Duration,
+    tracker: StallTracker,
+    removed: Counter,
+}
+
+impl Evict {
+    pub fn new(timeout: Duration, registry: &mut Registry) -> Self {
+        let removed = Counter::default();
+        registry.register(
+            "etcd_steward_learners_removed",
+            "Stalled learners this sidecar removed as leader",
+            removed.clone(),
+        );
+        Evict {
+            timeout,
+            tracker: StallTracker::default(),
+            removed,
+        }
+    }
+}
+
+impl Planner for Evict {
+    fn plan(&mut self, seen: &Observation) -> Vec<Step> {
+        let leads = seen
+            .local
+            .status
+            .as_ref()
+            .is_ok_and(|s| s.leader != 0 && s.leader == s.member_id);
+        let (Ok(status), true) = (&seen.local.status, leads) else {
+            self.tracker.reset();
+            return Vec::new();
+        };
+        self.tracker
+            .observe(seen.now, &seen.learners, status.raft_index, self.timeout)
+            .into_iter()
+            .map(|id| Step::RemoveLearner { id })
+            .collect()
+    }
+
+    fn learn(&mut self, outcome: &Outcome) {
+        if let Outcome::Done(Step::RemoveLearner { .. }) = outcome {
+            self.removed.inc();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn status(is_learner: bool, index: u64) -> MemberStatus {
-        MemberStatus {
-            member_id: 7,
-            cluster_id: 1,
-            leader: 3,
-            raft_index: index,
-            raft_term: 2,
-            is_learner,
-            errors: vec![],
-        }
-    }
-
-    #[test]
-    fn a_voter_has_nothing_to_promote() {
-        assert_eq!(next_step(&status(false, 5), Some(100)), Step::Voter);
-    }
-
-    #[test]
-    fn a_learner_is_promoted_once_within_ninety_percent_of_the_leader() {
-        assert_eq!(
-            next_step(&status(true, 89), Some(100)),
-            Step::CatchingUp {
-                index: 89,
-                leader_index: 100
-            }
-        );
-        assert_eq!(
-            next_step(&status(true, 90), Some(100)),
-            Step::Promote { id: 7 }
-        );
-        assert_eq!(next_step(&status(true, 90), None), Step::NoLeader);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_learner_that_never_starts_is_stalled_after_the_timeout() {
