@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
 use crate::dns::{Dns, Lookup};
@@ -77,6 +78,8 @@ struct State {
     next_id: u64,
     calls: Vec<Call>,
     failures: Vec<Failure>,
+    /// Calls that take this long (in tokio time) before they are answered.
+    delays: Vec<(String, Op, Duration)>,
 }
 
 /// An etcd cluster in memory. Clones share the same cluster.
@@ -103,6 +106,7 @@ impl FakeCluster {
                 next_id: 0x1000,
                 calls: Vec::new(),
                 failures: Vec::new(),
+                delays: Vec::new(),
             })),
         }
     }
@@ -183,6 +187,12 @@ impl FakeCluster {
             error,
             left: times,
         });
+    }
+
+    /// Makes `op` on `endpoint` answer only after `delay` (tokio time: with a paused clock
+    /// it costs the test nothing), as a busy or hung member does.
+    pub fn delay(&self, endpoint: &str, op: Op, delay: Duration) {
+        self.lock().delays.push((endpoint.to_string(), op, delay));
     }
 
     /// The members as the cluster lists them now.
@@ -301,12 +311,22 @@ impl Connector for FakeCluster {
 }
 
 impl FakeMember {
-    fn call<T>(
+    async fn call<T>(
         &self,
         op: Op,
         arg: Option<String>,
         f: impl FnOnce(&mut State, &str) -> Result<T, EtcdError>,
     ) -> Result<T, EtcdError> {
+        let delay = self
+            .cluster
+            .lock()
+            .delays
+            .iter()
+            .find(|(e, o, _)| *e == self.endpoint && *o == op)
+            .map(|(_, _, d)| *d);
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         let mut s = self.cluster.lock();
         s.enter(&self.endpoint, op, arg)?;
         f(&mut s, &self.endpoint)
@@ -332,6 +352,7 @@ impl Etcd for FakeMember {
                 errors: m.errors.clone(),
             })
         })
+        .await
     }
 
     async fn members(&self) -> Result<(u64, Vec<MemberInfo>), EtcdError> {
@@ -342,16 +363,19 @@ impl Etcd for FakeMember {
                 s.members.iter().map(|m| m.info.clone()).collect(),
             ))
         })
+        .await
     }
 
     async fn linearizable_read(&self) -> Result<(), EtcdError> {
         self.call(Op::LinearizableRead, None, |s, e| {
             s.voter_with_leader(e).map(drop)
         })
+        .await
     }
 
     async fn serializable_read(&self) -> Result<(), EtcdError> {
         self.call(Op::SerializableRead, None, |s, e| s.reach(e).map(drop))
+            .await
     }
 
     async fn add_learner(&self, peer_url: &str) -> Result<MemberInfo, EtcdError> {
@@ -382,6 +406,7 @@ impl Etcd for FakeMember {
             });
             Ok(info)
         })
+        .await
     }
 
     async fn remove(&self, id: u64) -> Result<(), EtcdError> {
@@ -394,6 +419,7 @@ impl Etcd for FakeMember {
             }
             Ok(())
         })
+        .await
     }
 
     async fn promote(&self, id: u64) -> Result<(), EtcdError> {
@@ -414,6 +440,7 @@ impl Etcd for FakeMember {
             m.info.is_learner = false;
             Ok(())
         })
+        .await
     }
 }
 

@@ -170,3 +170,57 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod planner_tests {
+    use super::*;
+    use crate::cluster::MemberStatus;
+    use crate::sidecar::health::LocalObservation;
+    use crate::sidecar::observe::{JournalView, Observation};
+
+    fn seen(now: Instant, leader: u64) -> Observation {
+        Observation {
+            now,
+            local: LocalObservation {
+                serializable: Ok(()),
+                peer_api: None,
+                status: Ok(MemberStatus {
+                    member_id: 1,
+                    cluster_id: 9,
+                    leader,
+                    raft_index: 100,
+                    raft_term: 2,
+                    is_learner: false,
+                    errors: vec![],
+                }),
+                linearizable: Some(Ok(())),
+                leader_index: None,
+            },
+            members: None,
+            own_peer_url: String::new(),
+            learners: vec![(7, None)],
+            joining: None,
+            journal: JournalView::default(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_leader_plans_a_removal_and_a_follower_forgets_its_timing() {
+        let mut evict = Evict::new(Duration::from_secs(10), &mut Registry::default());
+        let start = Instant::now();
+        assert!(evict.plan(&seen(start, 1)).is_empty());
+        let later = start + Duration::from_secs(10);
+        assert!(
+            evict.plan(&seen(later, 2)).is_empty(),
+            "a follower never removes, even a learner it sees stalled"
+        );
+        assert!(
+            evict.plan(&seen(later, 1)).is_empty(),
+            "leading again: timed afresh"
+        );
+        assert_eq!(
+            evict.plan(&seen(later + Duration::from_secs(10), 1)),
+            vec![Step::RemoveLearner { id: 7 }]
+        );
+    }
+}
