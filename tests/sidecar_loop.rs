@@ -6,9 +6,13 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{header, Request};
 use clap::Parser;
+use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
+use tower::ServiceExt;
 
 use etcd_steward::cluster::EtcdError;
 use etcd_steward::config::{Cli, Command, Config};
@@ -17,6 +21,7 @@ use etcd_steward::dns::Lookup;
 use etcd_steward::fake::{FakeCluster, FakeDns, Op, Times};
 use etcd_steward::sidecar::health::PeerApi;
 use etcd_steward::sidecar::http::metrics::{encode, Format};
+use etcd_steward::sidecar::http::{router, AppState};
 use etcd_steward::sidecar::observe::PeerProbe;
 use etcd_steward::sidecar::{Sidecar, FAST_TICK, LEARNER_TICK, TICK};
 
@@ -129,7 +134,7 @@ impl World {
         Ok(Pod {
             sidecar,
             probe,
-            registry,
+            registry: Arc::new(registry),
             cfg,
         })
     }
@@ -139,7 +144,7 @@ impl World {
 struct Pod {
     sidecar: Sidecar<FakeDns, FakeCluster, Probe>,
     probe: Probe,
-    registry: Registry,
+    registry: Arc<Registry>,
     cfg: Config,
 }
 
@@ -481,5 +486,97 @@ async fn a_rescheduled_peer_is_reached_at_its_new_address() -> TestResult {
         .answer(&host0, Lookup::Found(vec![IpAddr::from([10, 9, 9, 9])]));
     pod.tick().await;
     assert_eq!(opened(&w)?, 2, "reopened once the name moved");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// /metrics as a scraper sees it
+// ---------------------------------------------------------------------------------------
+
+/// GETs `/metrics` from the pod's router with this `Accept` header.
+async fn scrape(pod: &Pod, accept: &str) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let state = AppState {
+        health: pod.sidecar.health(),
+        registry: pod.registry.clone(),
+        name: Arc::from(pod.cfg.identity.name()),
+        data_dir: Arc::new(pod.cfg.data_dir.clone()),
+    };
+    let req = Request::get("/metrics")
+        .header(header::ACCEPT, accept)
+        .body(Body::empty())?;
+    let resp = router(state).oneshot(req).await?;
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = resp.into_body().collect().await?.to_bytes().to_vec();
+    Ok((content_type, String::from_utf8(body)?))
+}
+
+/// `promtool check metrics` on `text`: its complaints, or none.
+async fn promtool(text: &str) -> Result<String, Box<dyn std::error::Error>> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("promtool: {e} (scripts/install-test-deps.sh installs it)"))?;
+    let mut stdin = child.stdin.take().ok_or("promtool stdin")?;
+    stdin.write_all(text.as_bytes()).await?;
+    drop(stdin);
+    let out = child.wait_with_output().await?;
+    let complaints = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(complaints)
+    } else {
+        Err(format!("promtool check metrics failed: {complaints}\n{text}").into())
+    }
+}
+
+#[tokio::test]
+async fn a_sidecars_metrics_pass_promtool() -> TestResult {
+    let w = World::new()?;
+    w.add(3, true)?;
+    w.cluster.set_raft_index(id(3), 1000);
+    let mut pod = w.sidecar(3)?;
+    for action in ["join", "resume"] {
+        record_decision(&pod.cfg.data_dir, &serde_json::json!({ "action": action }))?;
+    }
+    pod.sidecar.tick().await;
+    pod.sidecar.tick().await;
+    assert_eq!(pod.metric("etcd_steward_promotions_total")?, Some(1.0));
+    // Prometheus asks for OpenMetrics, and gets it.
+    let (content_type, openmetrics) = scrape(
+        &pod,
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    )
+    .await?;
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+    // promtool reads the Prometheus text format (a counter family named like its samples,
+    // which OpenMetrics names without `_total`): asked for plain text, the sidecar serves it.
+    let (content_type, text) = scrape(&pod, "text/plain").await?;
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    for series in [
+        "etcd_steward_promotions_total 1",
+        "etcd_steward_etcd_running 1",
+        "etcd_steward_init_decisions_total{action=\"resume\"} 1",
+        "etcd_steward_raft_index_lag 0",
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+    }
+    let complaints = promtool(&text).await?;
+    assert!(complaints.trim().is_empty(), "{complaints}");
     Ok(())
 }
