@@ -59,6 +59,8 @@ pub struct Sidecar<D, C: Connector, P> {
     journal: Journal,
     own_peer_url: String,
     planners: Vec<Box<dyn Planner>>,
+    /// The last tick's outcomes, which the next observation carries.
+    previous: Vec<Outcome>,
     health: watch::Sender<Health>,
     health_metrics: HealthMetrics,
     init_metrics: InitMetrics,
@@ -74,6 +76,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             journal: Journal::new(&cfg.data_dir),
             own_peer_url: id.peer_url(id.ordinal),
             planners: plan::planners(cfg, registry),
+            previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
@@ -87,13 +90,14 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
 
     /// One round: observe, assess, plan, execute. Returns how long to wait before the next.
     pub async fn tick(&mut self) -> Duration {
-        let seen = observe::observe(
+        let mut seen = observe::observe(
             &mut self.conn,
             &self.probe,
             &mut self.journal,
             &self.own_peer_url,
         )
         .await;
+        seen.previous = std::mem::take(&mut self.previous);
         let health = assess(&seen.local);
         self.publish(&seen, &health);
         let mut outcomes = Vec::new();
@@ -104,7 +108,9 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                 outcomes.push(outcome);
             }
         }
-        pause(&seen, &health, &outcomes)
+        let pause = pause(&seen, &health, &outcomes);
+        self.previous = outcomes;
+        pause
     }
 
     fn publish(&self, seen: &Observation, health: &Health) {

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::conn::Connections;
 use super::health::{LocalObservation, PeerApi};
+use super::plan::Outcome;
 use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
 use crate::config::Config;
 use crate::dns::Dns;
@@ -43,6 +44,8 @@ pub struct Observation {
     pub joining: Option<(String, Vec<MemberInfo>)>,
     /// What `init` decided, from its journal on the volume.
     pub journal: JournalView,
+    /// What the previous tick's steps came to, every planner's (filled in by the loop).
+    pub previous: Vec<Outcome>,
 }
 
 /// The init journal (`member/steward/decisions.jsonl`) as last read.
@@ -203,6 +206,7 @@ pub async fn observe<D: Dns, C: Connector>(
         learners,
         joining,
         journal,
+        previous: Vec::new(),
     }
 }
 

@@ -201,6 +201,7 @@ mod planner_tests {
             learners: vec![(7, None)],
             joining: None,
             journal: JournalView::default(),
+            previous: Vec::new(),
         }
     }
 
