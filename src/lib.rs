@@ -12,6 +12,7 @@ pub mod datadir;
 pub mod dns;
 pub mod exec;
 pub mod facts;
+pub mod fake;
 pub mod http_get;
 pub mod identity;
 pub mod init;

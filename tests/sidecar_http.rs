@@ -14,10 +14,14 @@ use tower::ServiceExt;
 use etcd_steward::cluster::MemberStatus;
 use etcd_steward::datadir::{record_decision, write_formation};
 use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
-use etcd_steward::sidecar::health::{
-    assess, render_metrics, report_router, router, AppState, Health, LocalObservation, PeerApi,
-    Role, Snapshot,
-};
+use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
+use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};
+use etcd_steward::sidecar::http::{report_router, router, AppState};
+use etcd_steward::sidecar::observe::Journal;
+use etcd_steward::sidecar::plan::evict::Evict;
+use etcd_steward::sidecar::plan::promote::Promote;
+use etcd_steward::sidecar::plan::{Outcome, Planner, Step, Why};
+use prometheus_client::registry::Registry;
 
 /// Without peer TLS the sidecar serves both surfaces on its one plain port.
 fn plain_port(state: AppState) -> axum::Router {
@@ -77,11 +81,14 @@ fn with_status(f: impl FnOnce(&mut MemberStatus)) -> LocalObservation {
     }
 }
 
-fn snapshot(health: Health) -> Snapshot {
-    Snapshot {
-        health,
-        promotions: 0,
-        learners_removed: 0,
+/// The state a handler reads when it needs no metrics.
+fn bare_state(data_dir: &Path) -> AppState {
+    let (_tx, rx) = watch::channel(Health::starting());
+    AppState {
+        health: rx,
+        registry: Arc::new(Registry::default()),
+        name: Arc::from(POD),
+        data_dir: Arc::new(data_dir.to_path_buf()),
     }
 }
 
@@ -90,30 +97,59 @@ fn snapshot(health: Health) -> Snapshot {
 // ---------------------------------------------------------------------------------------
 
 struct Sidecar {
-    tx: watch::Sender<Snapshot>,
+    tx: watch::Sender<Health>,
+    health_metrics: HealthMetrics,
+    init_metrics: InitMetrics,
+    promote: Promote,
+    evict: Evict,
     state: AppState,
     /// Kept so the data directory lives as long as the test.
     _dir: tempfile::TempDir,
 }
 
 impl Sidecar {
-    fn new(snap: Snapshot) -> Result<Self, std::io::Error> {
+    /// The sidecar's metrics registered as its loop registers them, `health` published.
+    fn new(health: Health) -> Result<Self, std::io::Error> {
         let dir = tempfile::tempdir()?;
-        let (tx, rx) = watch::channel(snap);
+        let mut registry = Registry::default();
+        let promote = Promote::new(&mut registry);
+        let evict = Evict::new(std::time::Duration::from_secs(300), &mut registry);
+        let health_metrics = HealthMetrics::register(&mut registry);
+        let init_metrics = InitMetrics::register(&mut registry);
+        let (tx, rx) = watch::channel(Health::starting());
         let state = AppState {
-            snapshot: rx,
+            health: rx,
+            registry: Arc::new(registry),
             name: Arc::from(POD),
             data_dir: Arc::new(dir.path().to_path_buf()),
         };
-        Ok(Sidecar {
+        let s = Sidecar {
             tx,
+            health_metrics,
+            init_metrics,
+            promote,
+            evict,
             state,
             _dir: dir,
-        })
+        };
+        s.publish(health);
+        Ok(s)
     }
 
     fn observing(o: &LocalObservation) -> Result<Self, std::io::Error> {
-        Self::new(snapshot(assess(o)))
+        Self::new(assess(o))
+    }
+
+    /// What the loop does with a verdict.
+    fn publish(&self, health: Health) {
+        self.health_metrics.set(&health);
+        self.tx.send_replace(health);
+    }
+
+    /// What the loop does with the init journal it read.
+    fn read_journal(&self) {
+        let mut journal = Journal::new(self.data_dir());
+        self.init_metrics.set(&journal.read().counts);
     }
 
     fn data_dir(&self) -> &Path {
@@ -241,7 +277,7 @@ async fn healthz_fails_when_the_client_api_fails_and_the_peer_api_was_not_asked(
 
 #[tokio::test]
 async fn before_the_first_observation_the_pod_is_live_but_not_ready() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     assert_answer(
         &s.get("/healthz").await?,
         StatusCode::OK,
@@ -392,9 +428,9 @@ async fn probes_serve_the_latest_assessment() -> TestResult {
         s.get("/ready").await?.status,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    s.tx.send_replace(snapshot(assess(&serving())));
+    s.publish(assess(&serving()));
     assert_eq!(s.get("/ready").await?.status, StatusCode::OK);
-    s.tx.send_replace(snapshot(assess(&with_status(|s| s.leader = 0))));
+    s.publish(assess(&with_status(|s| s.leader = 0)));
     assert_answer(
         &s.get("/ready").await?,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -443,17 +479,23 @@ fn without_a_status_the_role_is_unknown_and_no_leader_is_claimed() {
 }
 
 // ---------------------------------------------------------------------------------------
-// /metrics: Prometheus text format
+// /metrics: OpenMetrics text through prometheus-client
 // ---------------------------------------------------------------------------------------
 
-/// Checks the exposition format a scraper relies on: every sample belongs to a family
-/// declared by `# HELP` and `# TYPE` lines before it, counters end in `_total`, values
-/// are numbers, and no series appears twice. Returns the samples by series.
-fn parse_exposition(text: &str) -> Result<BTreeMap<String, f64>, String> {
+/// One scrape's samples by series, after checking what a scraper relies on: every sample
+/// belongs to a family declared by `# HELP` and `# TYPE` lines before it, a counter family's
+/// samples end in `_total`, values are numbers, and no series appears twice. With
+/// `openmetrics`, a counter family is named without `_total` and the text ends in `# EOF`;
+/// without, it is the Prometheus 0.0.4 text, where the family has its samples' name.
+fn parse_exposition(text: &str, openmetrics: bool) -> Result<BTreeMap<String, f64>, String> {
     let mut help = BTreeSet::new();
     let mut types: BTreeMap<String, String> = BTreeMap::new();
     let mut samples = BTreeMap::new();
-    for line in text.lines() {
+    let mut lines: Vec<&str> = text.lines().collect();
+    if openmetrics && lines.pop() != Some("# EOF") {
+        return Err("OpenMetrics text must end in # EOF".into());
+    }
+    for line in lines {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, text) = rest.split_once(' ').ok_or(format!("bad HELP: {line}"))?;
             if text.trim().is_empty() || !help.insert(name.to_string()) {
@@ -464,8 +506,8 @@ fn parse_exposition(text: &str) -> Result<BTreeMap<String, f64>, String> {
             if !matches!(kind, "gauge" | "counter") {
                 return Err(format!("unexpected type: {line}"));
             }
-            if kind == "counter" && !name.ends_with("_total") {
-                return Err(format!("counter without _total: {line}"));
+            if kind == "counter" && name.ends_with("_total") == openmetrics {
+                return Err(format!("counter family misnamed for this format: {line}"));
             }
             if types.insert(name.to_string(), kind.to_string()).is_some() {
                 return Err(format!("repeated TYPE: {line}"));
@@ -475,8 +517,15 @@ fn parse_exposition(text: &str) -> Result<BTreeMap<String, f64>, String> {
         } else {
             let (series, value) = line.rsplit_once(' ').ok_or(format!("bad sample: {line}"))?;
             let name = series.split('{').next().unwrap_or_default();
-            if !types.contains_key(name) || !help.contains(name) {
+            let family = match name.strip_suffix("_total") {
+                Some(f) if openmetrics && types.get(f).is_some_and(|k| k == "counter") => f,
+                _ => name,
+            };
+            if !types.contains_key(family) || !help.contains(family) {
                 return Err(format!("sample before its HELP/TYPE: {line}"));
+            }
+            if types[family] == "counter" && !name.ends_with("_total") {
+                return Err(format!("counter sample without _total: {line}"));
             }
             if series.contains('{') && !series.ends_with('}') {
                 return Err(format!("bad labels: {line}"));
@@ -490,30 +539,51 @@ fn parse_exposition(text: &str) -> Result<BTreeMap<String, f64>, String> {
     Ok(samples)
 }
 
+fn promoted(why: Why) -> Step {
+    Step::Promote {
+        id: ME,
+        via: "http://etcd-0.etcd:2379".into(),
+        why,
+    }
+}
+
 #[tokio::test]
 async fn metrics_expose_role_leader_readiness_promotions_decisions_and_lag() -> TestResult {
-    let s = Sidecar::new(Snapshot {
-        health: assess(&serving()),
-        promotions: 3,
-        learners_removed: 1,
-    })?;
+    let mut s = Sidecar::observing(&serving())?;
     for action in ["restart", "join", "restart"] {
         record_decision(s.data_dir(), &serde_json::json!({ "action": action }))?;
     }
+    s.read_journal();
+    // Three promotions made; a refusal and an already-voter answer are not promotions.
+    for outcome in [
+        Outcome::Done(promoted(Why::CaughtUp)),
+        Outcome::NotYet(promoted(Why::CaughtUp)),
+        Outcome::Done(promoted(Why::BeforeServing)),
+        Outcome::Moot(promoted(Why::CaughtUp)),
+        Outcome::Done(promoted(Why::CaughtUp)),
+    ] {
+        s.promote.learn(&outcome);
+    }
+    let removal = Step::RemoveLearner { id: 0xb };
+    s.evict
+        .learn(&Outcome::Failed(removal.clone(), "no leader".into()));
+    s.evict.learn(&Outcome::Done(removal));
     let a = s.get("/metrics").await?;
     assert_eq!(a.status, StatusCode::OK);
     assert!(
-        a.content_type.starts_with("text/plain; version=0.0.4"),
+        a.content_type
+            .starts_with("application/openmetrics-text; version=1.0.0"),
         "{}",
         a.content_type
     );
-    let samples = parse_exposition(&a.text()).map_err(|e| format!("{e}\n{}", a.text()))?;
+    let samples = parse_exposition(&a.text(), true).map_err(|e| format!("{e}\n{}", a.text()))?;
     let expected = [
         (r#"etcd_steward_member_role{role="voter"}"#, 1.0),
         (r#"etcd_steward_member_role{role="learner"}"#, 0.0),
         ("etcd_steward_leader_present", 1.0),
         ("etcd_steward_ready", 1.0),
         ("etcd_steward_live", 1.0),
+        ("etcd_steward_etcd_running", 1.0),
         ("etcd_steward_promotions_total", 3.0),
         ("etcd_steward_learners_removed_total", 1.0),
         (
@@ -536,6 +606,32 @@ async fn metrics_expose_role_leader_readiness_promotions_decisions_and_lag() -> 
 }
 
 #[tokio::test]
+async fn decision_counts_follow_the_journal_as_init_appends_to_it() -> TestResult {
+    let s = Sidecar::observing(&serving())?;
+    let count = |samples: &BTreeMap<String, f64>| {
+        samples
+            .get(r#"etcd_steward_init_decisions_total{action="join"}"#)
+            .copied()
+    };
+    s.read_journal();
+    let first = parse_exposition(&s.get("/metrics").await?.text(), true)?;
+    assert_eq!(count(&first), None, "no decision yet, no series");
+    record_decision(s.data_dir(), &serde_json::json!({ "action": "join" }))?;
+    s.read_journal();
+    assert_eq!(
+        count(&parse_exposition(&s.get("/metrics").await?.text(), true)?),
+        Some(1.0)
+    );
+    record_decision(s.data_dir(), &serde_json::json!({ "action": "join" }))?;
+    s.read_journal();
+    assert_eq!(
+        count(&parse_exposition(&s.get("/metrics").await?.text(), true)?),
+        Some(2.0)
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn metrics_of_a_learner_without_a_leader_index_show_no_lag() -> TestResult {
     let s = Sidecar::observing(&LocalObservation {
         leader_index: None,
@@ -543,7 +639,7 @@ async fn metrics_of_a_learner_without_a_leader_index_show_no_lag() -> TestResult
         ..with_status(|s| s.is_learner = true)
     })?;
     let a = s.get("/metrics").await?;
-    let samples = parse_exposition(&a.text())?;
+    let samples = parse_exposition(&a.text(), true)?;
     assert_eq!(
         samples.get(r#"etcd_steward_member_role{role="learner"}"#),
         Some(&1.0)
@@ -562,10 +658,11 @@ async fn metrics_of_a_learner_without_a_leader_index_show_no_lag() -> TestResult
     Ok(())
 }
 
-#[test]
-fn metrics_before_any_observation_or_decision_are_well_formed() -> Result<(), String> {
-    let text = render_metrics(&snapshot(Health::starting()), &BTreeMap::new());
-    let samples = parse_exposition(&text)?;
+#[tokio::test]
+async fn metrics_before_any_observation_or_decision_are_well_formed() -> TestResult {
+    let s = Sidecar::new(Health::starting())?;
+    let text = s.get("/metrics").await?.text();
+    let samples = parse_exposition(&text, true)?;
     assert_eq!(
         samples.get(r#"etcd_steward_member_role{role="voter"}"#),
         Some(&0.0)
@@ -576,12 +673,61 @@ fn metrics_before_any_observation_or_decision_are_well_formed() -> Result<(), St
     );
     assert_eq!(samples.get("etcd_steward_ready"), Some(&0.0));
     assert_eq!(samples.get("etcd_steward_live"), Some(&1.0));
+    assert_eq!(samples.get("etcd_steward_etcd_running"), Some(&0.0));
+    assert_eq!(samples.get("etcd_steward_promotions_total"), Some(&0.0));
     assert!(
         !samples
             .keys()
             .any(|k| k.starts_with("etcd_steward_init_decisions_total")),
         "{text}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn etcd_running_while_only_the_peer_api_answers_and_not_while_nothing_listens() -> TestResult
+{
+    let s = Sidecar::observing(&client_api_down(PeerApi::Answered))?;
+    let running = |text: &str| -> Result<Option<f64>, String> {
+        Ok(parse_exposition(text, true)?
+            .get("etcd_steward_etcd_running")
+            .copied())
+    };
+    assert_eq!(running(&s.get("/metrics").await?.text())?, Some(1.0));
+    s.publish(assess(&client_api_down(PeerApi::NotListening)));
+    assert_eq!(running(&s.get("/metrics").await?.text())?, Some(0.0));
+    s.publish(assess(&client_api_down(PeerApi::NoAnswer(
+        "timed out".into(),
+    ))));
+    assert_eq!(running(&s.get("/metrics").await?.text())?, Some(0.0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_scraper_asking_for_plain_text_gets_the_prometheus_text_format() -> TestResult {
+    let mut s = Sidecar::observing(&serving())?;
+    s.promote.learn(&Outcome::Done(promoted(Why::CaughtUp)));
+    let req = Request::get("/metrics")
+        .header(header::ACCEPT, "text/plain")
+        .body(Body::empty())?;
+    let resp = plain_port(s.state.clone()).oneshot(req).await?;
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    let text = String::from_utf8(resp.into_body().collect().await?.to_bytes().to_vec())?;
+    let samples = parse_exposition(&text, false).map_err(|e| format!("{e}\n{text}"))?;
+    assert_eq!(samples.get("etcd_steward_promotions_total"), Some(&1.0));
+    assert!(
+        text.contains("# TYPE etcd_steward_promotions_total counter"),
+        "{text}"
+    );
+    // The same samples as the OpenMetrics scrape.
+    let openmetrics = encode(&s.state.registry, Format::OpenMetrics)?;
+    assert_eq!(parse_exposition(&openmetrics, true)?, samples);
     Ok(())
 }
 
@@ -646,7 +792,7 @@ async fn report_of(s: &Sidecar) -> Result<PeerReport, Box<dyn std::error::Error>
 
 #[tokio::test]
 async fn peer_report_of_an_empty_volume_says_no_data() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     let r = report_of(&s).await?;
     assert_eq!(
         r,
@@ -663,7 +809,7 @@ async fn peer_report_of_an_empty_volume_says_no_data() -> TestResult {
 
 #[tokio::test]
 async fn peer_report_of_a_volume_with_files_but_no_wal_says_no_data() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     std::fs::create_dir_all(s.data_dir().join("member/snap"))?;
     std::fs::write(s.data_dir().join("member/wal.tmp"), b"")?;
     assert!(!report_of(&s).await?.has_data);
@@ -672,7 +818,7 @@ async fn peer_report_of_a_volume_with_files_but_no_wal_says_no_data() -> TestRes
 
 #[tokio::test]
 async fn peer_report_of_a_volume_with_a_wal_names_its_member_and_cluster() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     write_wal(
         s.data_dir(),
         &wal_head(0xfca2_43bc_c8d8_f651, 0x64f3_ae8b_1535_4f88),
@@ -698,7 +844,7 @@ async fn peer_report_of_a_volume_with_a_wal_names_its_member_and_cluster() -> Te
 
 #[tokio::test]
 async fn peer_report_of_an_unreadable_wal_still_says_data_and_why() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     write_wal(s.data_dir(), b"not a wal at all, just bytes")?;
     let r = report_of(&s).await?;
     assert!(r.has_data, "a WAL that cannot be parsed is still data");
@@ -713,7 +859,7 @@ async fn peer_report_of_an_unreadable_wal_still_says_data_and_why() -> TestResul
 
 #[tokio::test]
 async fn peer_report_carries_the_formation_marker() -> TestResult {
-    let s = Sidecar::new(snapshot(Health::starting()))?;
+    let s = Sidecar::new(Health::starting())?;
     let marker = Formation {
         nonce: "5f1c".into(),
         initial_cluster: "etcd-0=http://etcd-0.etcd:2380,etcd-1=http://etcd-1.etcd:2380".into(),
@@ -731,12 +877,7 @@ async fn peer_report_carries_the_formation_marker() -> TestResult {
 async fn peer_report_is_an_error_not_an_empty_volume_when_the_data_dir_is_a_file() -> TestResult {
     // "Empty" is bootstrap evidence: a data dir that cannot be inspected must never say it.
     let file = tempfile::NamedTempFile::new()?;
-    let (_tx, rx) = watch::channel(snapshot(Health::starting()));
-    let app = plain_port(AppState {
-        snapshot: rx,
-        name: Arc::from(POD),
-        data_dir: Arc::new(file.path().to_path_buf()),
-    });
+    let app = plain_port(bare_state(file.path()));
     let resp = app
         .oneshot(Request::get("/peer/report").body(Body::empty())?)
         .await?;
@@ -799,12 +940,7 @@ async fn an_unknown_path_is_not_found() -> TestResult {
 async fn the_kubelet_facing_router_does_not_serve_peer_reports() -> TestResult {
     // With peer TLS on, reports are served only over mutual TLS on their own port.
     let dir = tempfile::tempdir()?;
-    let (_tx, rx) = watch::channel(snapshot(Health::starting()));
-    let app = router(AppState {
-        snapshot: rx,
-        name: Arc::from(POD),
-        data_dir: Arc::new(dir.path().to_path_buf()),
-    });
+    let app = router(bare_state(dir.path()));
     let resp = app
         .oneshot(Request::get("/peer/report").body(Body::empty())?)
         .await?;

@@ -1,23 +1,9 @@
-//! Pure health assessment, and the HTTP router that serves it. Probes read the latest
-//! assessment, so they answer at once even while etcd is slow or without quorum.
-//! Liveness never depends on quorum or on a peer.
+//! Pure health assessment: one observation of the local member in, the liveness and
+//! readiness verdicts out. Liveness never depends on quorum or on a peer.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::cluster::MemberStatus;
-use crate::datadir;
-use crate::report::PeerReport;
 
 /// What etcd's peer API said when the client API did not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +60,9 @@ pub struct Health {
     pub leader_present: bool,
     /// How far this member's raft index is behind the leader's.
     pub raft_index_lag: Option<u64>,
+    /// The local etcd answers on its client or peer API (false while init is still
+    /// deciding, or etcd is down).
+    pub etcd_running: bool,
 }
 
 impl Health {
@@ -85,6 +74,7 @@ impl Health {
             role: Role::Unknown,
             leader_present: false,
             raft_index_lag: None,
+            etcd_running: false,
         }
     }
 }
@@ -151,173 +141,8 @@ pub fn assess(o: &LocalObservation) -> Health {
         role,
         leader_present,
         raft_index_lag: lag,
+        etcd_running: o.serializable.is_ok()
+            || o.status.is_ok()
+            || o.peer_api == Some(PeerApi::Answered),
     }
-}
-
-/// What the sidecar serves; updated by its loop.
-#[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
-    pub health: Health,
-    pub promotions: u64,
-    pub learners_removed: u64,
-}
-
-#[derive(Clone)]
-pub struct AppState {
-    pub snapshot: watch::Receiver<Snapshot>,
-    pub name: Arc<str>,
-    pub data_dir: Arc<PathBuf>,
-}
-
-fn verdict(c: &Check) -> Response {
-    let code = if c.ok {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        code,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!("{}\n", c.reason),
-    )
-        .into_response()
-}
-
-async fn healthz(State(s): State<AppState>) -> Response {
-    verdict(&s.snapshot.borrow().health.live)
-}
-
-async fn ready(State(s): State<AppState>) -> Response {
-    verdict(&s.snapshot.borrow().health.ready)
-}
-
-async fn metrics(State(s): State<AppState>) -> Response {
-    let snap = s.snapshot.borrow().clone();
-    let decisions = datadir::decision_counts(&s.data_dir);
-    let body = render_metrics(&snap, &decisions);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
-}
-
-/// Prometheus text format.
-pub fn render_metrics(snap: &Snapshot, decisions: &BTreeMap<String, u64>) -> String {
-    let h = &snap.health;
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, kind: &str, lines: Vec<(String, u64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in lines {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
-    };
-    gauge(
-        "etcd_steward_member_role",
-        "1 for the local member's current role (learner or voter).",
-        "gauge",
-        ["learner", "voter"]
-            .iter()
-            .map(|r| {
-                (
-                    format!("{{role=\"{r}\"}}"),
-                    u64::from(
-                        serde_json::to_value(h.role)
-                            .ok()
-                            .and_then(|v| v.as_str().map(|x| x == *r))
-                            .unwrap_or(false),
-                    ),
-                )
-            })
-            .collect(),
-    );
-    gauge(
-        "etcd_steward_leader_present",
-        "1 if the local member sees a leader.",
-        "gauge",
-        vec![(String::new(), u64::from(h.leader_present))],
-    );
-    gauge(
-        "etcd_steward_ready",
-        "1 if the member passes the readiness checks.",
-        "gauge",
-        vec![(String::new(), u64::from(h.ready.ok))],
-    );
-    gauge(
-        "etcd_steward_live",
-        "1 if the member passes the liveness check.",
-        "gauge",
-        vec![(String::new(), u64::from(h.live.ok))],
-    );
-    gauge(
-        "etcd_steward_promotions_total",
-        "Learner promotions this sidecar made.",
-        "counter",
-        vec![(String::new(), snap.promotions)],
-    );
-    gauge(
-        "etcd_steward_learners_removed_total",
-        "Stalled learners this sidecar removed as leader.",
-        "counter",
-        vec![(String::new(), snap.learners_removed)],
-    );
-    gauge(
-        "etcd_steward_init_decisions_total",
-        "Decisions etcd-steward init acted on for this volume, by action.",
-        "counter",
-        decisions
-            .iter()
-            .map(|(a, n)| (format!("{{action=\"{a}\"}}"), *n))
-            .collect(),
-    );
-    if let Some(lag) = h.raft_index_lag {
-        gauge(
-            "etcd_steward_raft_index_lag",
-            "How many raft entries the local member is behind the leader.",
-            "gauge",
-            vec![(String::new(), lag)],
-        );
-    }
-    out
-}
-
-async fn peer_report(State(s): State<AppState>) -> Response {
-    match datadir::inspect(&s.data_dir) {
-        Ok(state) => {
-            let wal_error = match &state.wal {
-                datadir::WalState::Present(Err(e)) => Some(e.clone()),
-                _ => None,
-            };
-            let report = PeerReport {
-                name: s.name.to_string(),
-                has_data: state.has_data(),
-                wal: state.wal_identity(),
-                wal_error,
-                formation: state.formation,
-            };
-            let body = serde_json::to_string(&report).unwrap_or_default();
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
-        }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
-}
-
-/// The kubelet-facing surface (GET and HEAD only): nothing secret.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-}
-
-/// The peer-facing surface: the report other pods take as bootstrap evidence. Served on
-/// the plain port without peer TLS, and only over mutual TLS with it.
-pub fn report_router(state: AppState) -> Router {
-    Router::new()
-        .route("/peer/report", get(peer_report))
-        .with_state(state)
 }

@@ -1,0 +1,90 @@
+//! The sidecar's connections, kept across ticks: one to the local member, and one per other
+//! member by DNS name, reopened when the name points at a new address (a rescheduled pod).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo};
+use crate::dns::Dns;
+use crate::identity::{split_url, Identity};
+
+/// The connection cache, and the DNS and connector it opens connections with.
+pub struct Connections<D, C: Connector> {
+    identity: Identity,
+    local_ip: IpAddr,
+    /// Ordinals are looked for up to this bound (the set may have grown past `--replicas`).
+    top_ordinal: u32,
+    dns: D,
+    connector: C,
+    local: Option<C::Member>,
+    /// Other members, by DNS name, with the address they were opened to.
+    remotes: HashMap<String, (IpAddr, C::Member)>,
+}
+
+impl<D: Dns, C: Connector> Connections<D, C> {
+    pub fn new(identity: Identity, local_ip: IpAddr, replicas: u32, dns: D, connector: C) -> Self {
+        let top_ordinal = replicas.max(identity.ordinal + 1) + 2;
+        Connections {
+            identity,
+            local_ip,
+            top_ordinal,
+            dns,
+            connector,
+            local: None,
+            remotes: HashMap::new(),
+        }
+    }
+
+    /// The connection to this pod's member, opened on first use.
+    pub async fn local(&mut self) -> Result<&C::Member, EtcdError> {
+        if self.local.is_none() {
+            let id = &self.identity;
+            let member = self
+                .connector
+                .connect(&id.host(id.ordinal), self.local_ip, id.client_port)
+                .await?;
+            self.local = Some(member);
+        }
+        self.local.as_ref().ok_or(EtcdError::NoLeader)
+    }
+
+    /// Drops the local connection, so the next use opens a new one (e.g. one opened without
+    /// a token while the member was a learner, which refuses authentication).
+    pub fn forget_local(&mut self) {
+        self.local = None;
+    }
+
+    /// A connection to the member whose URL is `url`, resolving its name afresh.
+    pub async fn remote(&mut self, url: &str) -> Option<&C::Member> {
+        let (host, port) = split_url(url)?;
+        let ip = match host.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => {
+                let answer = self.dns.lookup(&host).await;
+                tracing::debug!(%host, ?answer, "resolved");
+                answer.first()?
+            }
+        };
+        let stale = self.remotes.get(&host).is_some_and(|(old, _)| *old != ip);
+        if stale || !self.remotes.contains_key(&host) {
+            let member = self.connector.connect(&host, ip, port).await.ok()?;
+            self.remotes.insert(host.clone(), (ip, member));
+        }
+        self.remotes.get(&host).map(|(_, m)| m)
+    }
+
+    /// The member list as the first other pod that answers has it, with that pod's URL.
+    pub async fn members_from_peers(&mut self) -> Option<(String, Vec<MemberInfo>)> {
+        let me = self.identity.ordinal;
+        for o in (0..self.top_ordinal).filter(|o| *o != me) {
+            let url = self.identity.client_url(o);
+            if let Some(peer) = self.remote(&url).await {
+                match peer.members().await {
+                    Ok((_, members)) => return Some((url, members)),
+                    Err(e) => tracing::debug!(peer = o, error = %e, "member list from peer failed"),
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,55 @@
+//! The one executor: performs the planners' steps against etcd and says what came of each.
+//! It decides nothing; it logs each outcome once, here.
+
+use super::conn::Connections;
+use super::plan::{Outcome, Step};
+use crate::cluster::{Connector, Etcd, EtcdError};
+use crate::dns::Dns;
+
+/// Performs `step`.
+pub async fn execute<D: Dns, C: Connector>(conn: &mut Connections<D, C>, step: Step) -> Outcome {
+    let result = match &step {
+        Step::Promote { id, via, .. } => match conn.remote(via).await {
+            Some(voter) => voter.promote(*id).await,
+            None => Err(EtcdError::Unreachable {
+                endpoint: via.clone(),
+                detail: "no connection (name not resolved, or connect failed)".into(),
+            }),
+        },
+        Step::RemoveLearner { id } => match conn.local().await {
+            Ok(local) => local.remove(*id).await,
+            Err(e) => Err(e),
+        },
+    };
+    let outcome = match result {
+        Ok(()) => Outcome::Done(step),
+        Err(EtcdError::AlreadyVoter { .. }) => Outcome::Moot(step),
+        Err(EtcdError::LearnerNotReady { .. }) => Outcome::NotYet(step),
+        Err(e) => Outcome::Failed(step, e.to_string()),
+    };
+    log(&outcome);
+    outcome
+}
+
+fn log(outcome: &Outcome) {
+    match outcome {
+        Outcome::Done(Step::Promote { id, via, why }) => {
+            tracing::info!(member_id = %format!("{id:x}"), via, when = %why, "learner promoted to voter");
+        }
+        Outcome::Moot(Step::Promote { .. }) => tracing::info!("already a voter"),
+        Outcome::NotYet(Step::Promote { .. }) => {
+            tracing::debug!("etcd says the learner is not in sync yet; retrying");
+        }
+        Outcome::Failed(Step::Promote { .. }, error) => {
+            tracing::warn!(%error, "promotion failed; retrying");
+        }
+        Outcome::Done(Step::RemoveLearner { id }) => {
+            tracing::warn!(member_id = %format!("{id:x}"), "removed a learner that did not start or stopped progressing, so it cannot block the next join");
+        }
+        Outcome::Failed(Step::RemoveLearner { id }, error) => {
+            tracing::warn!(member_id = %format!("{id:x}"), %error, "could not remove stalled learner; retrying");
+        }
+        Outcome::Moot(Step::RemoveLearner { .. }) | Outcome::NotYet(Step::RemoveLearner { .. }) => {
+        }
+    }
+}

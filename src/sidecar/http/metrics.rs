@@ -1,0 +1,290 @@
+//! Metrics through `prometheus-client`: registered once at start, updated by the loop,
+//! encoded on each scrape as OpenMetrics text. Each feature registers its own families
+//! (the planners in their constructors; the health verdicts and the init journal here), so a
+//! new one touches no other.
+//!
+//! A scraper that asks only for the Prometheus text format (`Accept: text/plain`, as
+//! `promtool check metrics` reads) gets it: the same samples, with a counter's `# HELP` and
+//! `# TYPE` named like its samples (`…_total`), which OpenMetrics names without the suffix.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::sidecar::health::{Health, Role};
+
+/// The exposition formats `/metrics` serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    OpenMetrics,
+    /// Prometheus text 0.0.4, for clients that do not accept OpenMetrics.
+    PrometheusText,
+}
+
+impl Format {
+    /// OpenMetrics unless the `Accept` header asks for plain text and not OpenMetrics.
+    pub fn negotiate(accept: &str) -> Format {
+        let accept = accept.to_ascii_lowercase();
+        if !accept.contains("application/openmetrics-text") && accept.contains("text/plain") {
+            Format::PrometheusText
+        } else {
+            Format::OpenMetrics
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// Encodes every registered metric in `format`.
+pub fn encode(registry: &Registry, format: Format) -> Result<String, fmt::Error> {
+    let mut openmetrics = String::new();
+    prometheus_client::encoding::text::encode(&mut openmetrics, registry)?;
+    Ok(match format {
+        Format::OpenMetrics => openmetrics,
+        Format::PrometheusText => prometheus_text(&openmetrics),
+    })
+}
+
+/// OpenMetrics text → Prometheus text 0.0.4: a counter family `x` (samples `x_total`) is
+/// declared as `x_total`; `# UNIT` and `# EOF` are not part of that format.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let declared = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(&name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        let _ = writeln!(out, "{}", declared.as_deref().unwrap_or(line));
+    }
+    out
+}
+
+/// A gauge that is absent (no sample, no family) while its value is unknown.
+#[derive(Debug, Clone)]
+pub struct OptionalGauge {
+    value: Arc<AtomicI64>,
+}
+
+impl Default for OptionalGauge {
+    fn default() -> Self {
+        OptionalGauge {
+            value: Arc::new(AtomicI64::new(i64::MIN)),
+        }
+    }
+}
+
+impl OptionalGauge {
+    pub fn set(&self, value: Option<u64>) {
+        let v = value.map_or(i64::MIN, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        self.value.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Option<i64> {
+        Some(self.value.load(Ordering::Relaxed)).filter(|v| *v != i64::MIN)
+    }
+}
+
+impl EncodeMetric for OptionalGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        match self.get() {
+            Some(v) => encoder.encode_gauge(&v),
+            None => Ok(()),
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    fn is_empty(&self) -> bool {
+        self.get().is_none()
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: String,
+}
+
+/// The health verdicts, as gauges.
+#[derive(Debug)]
+pub struct HealthMetrics {
+    role: Family<RoleLabel, Gauge>,
+    leader_present: Gauge,
+    ready: Gauge,
+    live: Gauge,
+    etcd_running: Gauge,
+    raft_index_lag: OptionalGauge,
+}
+
+impl HealthMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = HealthMetrics {
+            role: Family::default(),
+            leader_present: Gauge::default(),
+            ready: Gauge::default(),
+            live: Gauge::default(),
+            etcd_running: Gauge::default(),
+            raft_index_lag: OptionalGauge::default(),
+        };
+        registry.register(
+            "etcd_steward_member_role",
+            "1 for the local member's current role (learner or voter)",
+            m.role.clone(),
+        );
+        registry.register(
+            "etcd_steward_leader_present",
+            "1 if the local member sees a leader",
+            m.leader_present.clone(),
+        );
+        registry.register(
+            "etcd_steward_ready",
+            "1 if the member passes the readiness checks",
+            m.ready.clone(),
+        );
+        registry.register(
+            "etcd_steward_live",
+            "1 if the member passes the liveness check",
+            m.live.clone(),
+        );
+        registry.register(
+            "etcd_steward_etcd_running",
+            "1 if the local etcd answers on its client or peer API; 0 while init is still deciding or etcd is down",
+            m.etcd_running.clone(),
+        );
+        registry.register(
+            "etcd_steward_raft_index_lag",
+            "How many raft entries the local member is behind the leader",
+            m.raft_index_lag.clone(),
+        );
+        m.set(&Health::starting());
+        m
+    }
+
+    pub fn set(&self, h: &Health) {
+        for (role, is) in [("learner", Role::Learner), ("voter", Role::Voter)] {
+            self.role
+                .get_or_create(&RoleLabel { role })
+                .set(i64::from(h.role == is));
+        }
+        self.leader_present.set(i64::from(h.leader_present));
+        self.ready.set(i64::from(h.ready.ok));
+        self.live.set(i64::from(h.live.ok));
+        self.etcd_running.set(i64::from(h.etcd_running));
+        self.raft_index_lag.set(h.raft_index_lag);
+    }
+}
+
+/// The decisions `init` recorded in its journal on this volume, by action.
+#[derive(Debug)]
+pub struct InitMetrics {
+    decisions: Family<ActionLabel, Counter>,
+}
+
+impl InitMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let decisions = Family::default();
+        registry.register(
+            "etcd_steward_init_decisions",
+            "Decisions etcd-steward init acted on for this volume, by action",
+            decisions.clone(),
+        );
+        InitMetrics { decisions }
+    }
+
+    /// Brings the counters to the journal's counts. The journal only grows; should it
+    /// shrink (a volume set aside and replaced), the counter starts over, as a restart would.
+    pub fn set(&self, counts: &BTreeMap<String, u64>) {
+        for (action, n) in counts {
+            let label = ActionLabel {
+                action: action.clone(),
+            };
+            let had = self.decisions.get_or_create(&label).get();
+            if *n < had {
+                self.decisions.remove(&label);
+            }
+            let had = self.decisions.get_or_create(&label).get();
+            self.decisions.get_or_create(&label).inc_by(n - had);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_is_chosen_only_when_openmetrics_is_not_accepted() {
+        assert_eq!(Format::negotiate(""), Format::OpenMetrics);
+        assert_eq!(Format::negotiate("*/*"), Format::OpenMetrics);
+        assert_eq!(
+            Format::negotiate(
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            ),
+            Format::OpenMetrics
+        );
+        assert_eq!(Format::negotiate("text/plain"), Format::PrometheusText);
+    }
+
+    #[test]
+    fn the_text_format_declares_counters_by_their_sample_name() -> Result<(), fmt::Error> {
+        let mut registry = Registry::default();
+        let c = Counter::<u64>::default();
+        registry.register("x_things", "Things", c.clone());
+        c.inc();
+        let text = encode(&registry, Format::PrometheusText)?;
+        assert_eq!(
+            text,
+            "# HELP x_things_total Things.\n# TYPE x_things_total counter\nx_things_total 1\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn decision_counters_follow_the_journal_and_start_over_if_it_shrinks() {
+        let mut registry = Registry::default();
+        let m = InitMetrics::register(&mut registry);
+        let counts = |n| BTreeMap::from([("join".to_string(), n)]);
+        let value = |m: &InitMetrics| {
+            m.decisions
+                .get_or_create(&ActionLabel {
+                    action: "join".into(),
+                })
+                .get()
+        };
+        m.set(&counts(2));
+        assert_eq!(value(&m), 2);
+        m.set(&counts(5));
+        assert_eq!(value(&m), 5);
+        m.set(&counts(1));
+        assert_eq!(value(&m), 1);
+    }
+}

@@ -1,0 +1,32 @@
+//! The sidecar's HTTP surface: the routes kubelet and scrapers use, the peer report other
+//! pods read, the metrics registry they encode, and the hardened server that serves them.
+//! Handlers read what the loop last published, so they answer at once even while etcd is
+//! slow or without quorum.
+
+pub mod metrics;
+pub mod report;
+pub mod routes;
+pub mod server;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use super::health::Health;
+
+pub use routes::{report_router, router};
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct AppState {
+    /// The latest health verdicts, published by the loop.
+    pub health: watch::Receiver<Health>,
+    /// Every metric, registered once at start; values are updated by the loop.
+    pub registry: Arc<Registry>,
+    /// This pod's name, for the peer report.
+    pub name: Arc<str>,
+    /// The data volume (mounted read-only), for the peer report.
+    pub data_dir: Arc<PathBuf>,
+}

@@ -1,0 +1,64 @@
+//! The routes: `/healthz`, `/ready`, `/metrics` for kubelet and scrapers (GET and HEAD only,
+//! nothing secret), and `/peer/report` for other pods.
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use super::metrics::{self, Format};
+use super::report::peer_report;
+use super::AppState;
+use crate::sidecar::health::Check;
+
+fn verdict(c: &Check) -> Response {
+    let code = if c.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{}\n", c.reason),
+    )
+        .into_response()
+}
+
+async fn healthz(State(s): State<AppState>) -> Response {
+    verdict(&s.health.borrow().live)
+}
+
+async fn ready(State(s): State<AppState>) -> Response {
+    verdict(&s.health.borrow().ready)
+}
+
+async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let format = Format::negotiate(accept);
+    match metrics::encode(&s.registry, format) {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// The kubelet-facing surface (GET and HEAD only): nothing secret.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// The peer-facing surface: the report other pods take as bootstrap evidence. Served on
+/// the plain port without peer TLS, and only over mutual TLS with it.
+pub fn report_router(state: AppState) -> Router {
+    Router::new()
+        .route("/peer/report", get(peer_report))
+        .with_state(state)
+}

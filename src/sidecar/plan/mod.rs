@@ -1,0 +1,83 @@
+//! Pure planners: each reads one [`Observation`] and returns the steps it intends; the
+//! executor performs them and tells each planner what came of its own. No I/O, no clock
+//! (the time is in the observation). A new behaviour (backup schedule, defragmentation,
+//! scale-in) is a new planner: one file here, and one line in [`planners`].
+
+pub mod evict;
+pub mod promote;
+
+use std::fmt;
+
+use prometheus_client::registry::Registry;
+
+use super::observe::Observation;
+use crate::config::Config;
+
+/// A change to the cluster a planner intends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Ask the voter at client URL `via` to promote learner `id` (a learner cannot promote
+    /// itself; a follower forwards the request to the leader).
+    Promote { id: u64, via: String, why: Why },
+    /// Remove learner `id` through the local member (this pod's member leads).
+    RemoveLearner { id: u64 },
+}
+
+/// Why a step is intended: the log says it, tests match on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The learner's raft index is within 90% of the leader's.
+    CaughtUp,
+    /// The local etcd runs as a joining member but serves no client yet: etcd accepts the
+    /// promotion as soon as the leader sees the log caught up, seconds before it serves.
+    BeforeServing,
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Why::CaughtUp => "caught up with the leader",
+            Why::BeforeServing => "before it serves clients",
+        })
+    }
+}
+
+/// What came of one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It took effect.
+    Done(Step),
+    /// It was in effect already (the learner is a voter): nothing was changed.
+    Moot(Step),
+    /// etcd refused for now (the learner is not in sync yet): the planner asks again.
+    NotYet(Step),
+    /// It failed; the error, as logged.
+    Failed(Step, String),
+}
+
+impl Outcome {
+    pub fn step(&self) -> &Step {
+        match self {
+            Outcome::Done(s) | Outcome::Moot(s) | Outcome::NotYet(s) | Outcome::Failed(s, _) => s,
+        }
+    }
+}
+
+/// One behaviour of the sidecar.
+pub trait Planner: Send {
+    /// The steps this planner intends after this observation.
+    fn plan(&mut self, seen: &Observation) -> Vec<Step>;
+    /// What came of each of its steps, right after they ran (to count them, or to remember
+    /// a refusal until the next tick).
+    fn learn(&mut self, outcome: &Outcome) {
+        let _ = outcome;
+    }
+}
+
+/// Every planner, in the order their steps run. Each registers its own metrics.
+pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
+    vec![
+        Box::new(promote::Promote::new(registry)),
+        Box::new(evict::Evict::new(cfg.learner_stall_timeout, registry)),
+    ]
+}
