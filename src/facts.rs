@@ -314,6 +314,17 @@ impl ActionKind {
     }
 }
 
+impl std::str::FromStr for ActionKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        ActionKind::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| format!("no action is named {name:?}"))
+    }
+}
+
 impl std::fmt::Display for ActionKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -78,7 +78,7 @@ pub async fn etcd_peer_version(
     timeout: Duration,
 ) -> Result<(), GetError> {
     let id = &cfg.identity;
-    let tls = cfg.peer_tls.as_ref().and_then(|t| t.client_config().ok());
+    let tls = cfg.peer_tls.as_ref().map(|t| t.client_config());
     get_with(
         SocketAddr::new(ip, id.peer_port),
         &id.host(ordinal),

@@ -8,7 +8,6 @@
 
 pub mod cluster;
 pub mod config;
-pub mod datadir;
 pub mod dns;
 pub mod exec;
 pub mod facts;

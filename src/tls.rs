@@ -43,11 +43,17 @@ pub struct TlsMaterial {
     pub cert_pem: Vec<u8>,
     pub key_pem: Vec<u8>,
     pub ca_pem: Vec<u8>,
+    /// Built once at load (which also proves the key matches the certificate).
+    client: Arc<ClientConfig>,
+    server: Arc<ServerConfig>,
+}
+
+/// What the rustls configurations are built from, checked once in [`TlsMaterial::load`].
+struct Parts<'a> {
+    files: &'a TlsFiles,
+    key_pem: &'a [u8],
     certs: Vec<CertificateDer<'static>>,
     cas: Vec<CertificateDer<'static>>,
-    /// Built once at load (which also proves the key matches the certificate).
-    client: Option<Arc<ClientConfig>>,
-    server: Option<Arc<ServerConfig>>,
 }
 
 impl std::fmt::Debug for TlsMaterial {
@@ -55,6 +61,56 @@ impl std::fmt::Debug for TlsMaterial {
         f.debug_struct("TlsMaterial")
             .field("files", &self.files)
             .finish_non_exhaustive()
+    }
+}
+
+impl Parts<'_> {
+    fn key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(self.key_pem).map_err(|_| TlsError::NoPem {
+            path: self.files.key.clone(),
+            what: "private key",
+        })
+    }
+
+    fn roots(&self) -> Result<RootCertStore, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for ca in &self.cas {
+            roots.add(ca.clone()).map_err(|e| self.config_error(e))?;
+        }
+        Ok(roots)
+    }
+
+    fn config_error(&self, e: impl std::fmt::Display) -> TlsError {
+        TlsError::Config {
+            cert: self.files.cert.clone(),
+            key: self.files.key.clone(),
+            detail: e.to_string(),
+        }
+    }
+
+    fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.config_error(e))?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.certs.clone(), self.key()?)
+            .map_err(|e| self.config_error(e))?;
+        Ok(Arc::new(config))
+    }
+
+    fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider())
+                .build()
+                .map_err(|e| self.config_error(e))?;
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.config_error(e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.certs.clone(), self.key()?)
+            .map_err(|e| self.config_error(e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
     }
 }
 
@@ -92,86 +148,33 @@ impl TlsMaterial {
         let cert_pem = read(&files.cert)?;
         let key_pem = read(&files.key)?;
         let ca_pem = read(&files.ca)?;
-        let certs = parse_certs(&files.cert, &cert_pem, "certificate")?;
-        let cas = parse_certs(&files.ca, &ca_pem, "CA certificate")?;
-        let mut material = TlsMaterial {
+        let parts = Parts {
+            files,
+            key_pem: &key_pem,
+            certs: parse_certs(&files.cert, &cert_pem, "certificate")?,
+            cas: parse_certs(&files.ca, &ca_pem, "CA certificate")?,
+        };
+        let client = parts.client_config()?;
+        let server = parts.server_config()?;
+        Ok(TlsMaterial {
             files: files.clone(),
             cert_pem,
             key_pem,
             ca_pem,
-            certs,
-            cas,
-            client: None,
-            server: None,
-        };
-        material.client = Some(material.build_client_config()?);
-        material.server = Some(material.build_server_config()?);
-        Ok(material)
-    }
-
-    fn key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
-        PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|_| TlsError::NoPem {
-            path: self.files.key.clone(),
-            what: "private key",
+            client,
+            server,
         })
     }
 
-    fn roots(&self) -> Result<RootCertStore, TlsError> {
-        let mut roots = RootCertStore::empty();
-        for ca in &self.cas {
-            roots.add(ca.clone()).map_err(|e| self.config_error(e))?;
-        }
-        Ok(roots)
-    }
-
-    fn config_error(&self, e: impl std::fmt::Display) -> TlsError {
-        TlsError::Config {
-            cert: self.files.cert.clone(),
-            key: self.files.key.clone(),
-            detail: e.to_string(),
-        }
-    }
-
     /// A client that trusts only this CA and presents this certificate.
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
-        match &self.client {
-            Some(c) => Ok(c.clone()),
-            None => self.build_client_config(),
-        }
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.client.clone()
     }
 
     /// A server that presents this certificate and admits only clients with a certificate
     /// signed by this CA.
-    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        match &self.server {
-            Some(c) => Ok(c.clone()),
-            None => self.build_server_config(),
-        }
-    }
-
-    fn build_client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
-        let config = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| self.config_error(e))?
-            .with_root_certificates(self.roots()?)
-            .with_client_auth_cert(self.certs.clone(), self.key()?)
-            .map_err(|e| self.config_error(e))?;
-        Ok(Arc::new(config))
-    }
-
-    fn build_server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider())
-                .build()
-                .map_err(|e| self.config_error(e))?;
-        let mut config = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| self.config_error(e))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(self.certs.clone(), self.key()?)
-            .map_err(|e| self.config_error(e))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.server.clone()
     }
 
     /// The etcd client's TLS options for the member named `host`.

@@ -29,7 +29,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     let pki = set.pki.as_ref().unwrap();
     let host = set.host(0);
     let addr = report_addr(&set, 0);
-    let peer = pki.material("peer", "peer-ca").client_config().unwrap();
+    let peer = pki.material("peer", "peer-ca").client_config();
     wait_for(Duration::from_secs(10), "the report port", || async {
         tokio::net::TcpStream::connect(addr).await.is_ok()
     })
@@ -60,7 +60,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     .await
     .is_err());
     // (a client that trusts the peer CA for the server but presents another CA's certificate)
-    let client_side = pki.material("client", "peer-ca").client_config().unwrap();
+    let client_side = pki.material("client", "peer-ca").client_config();
     assert!(get_with(
         addr,
         &host,
@@ -71,7 +71,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     )
     .await
     .is_err());
-    let outsider = pki.material("outsider", "peer-ca").client_config().unwrap();
+    let outsider = pki.material("outsider", "peer-ca").client_config();
     assert!(get_with(
         addr,
         &host,
@@ -121,8 +121,7 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
         .as_ref()
         .unwrap()
         .material("outsider", "peer-ca")
-        .server_config()
-        .unwrap();
+        .server_config();
     let body2 = empty_report("etcd-2");
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = axum::Router::new().route("/peer/report", get(move || async move { body2 }));

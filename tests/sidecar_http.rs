@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use etcd_steward::cluster::MemberStatus;
-use etcd_steward::datadir::{record_decision, write_formation};
 use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
 use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
 use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};
@@ -21,6 +20,7 @@ use etcd_steward::sidecar::observe::Journal;
 use etcd_steward::sidecar::plan::evict::Evict;
 use etcd_steward::sidecar::plan::promote::Promote;
 use etcd_steward::sidecar::plan::{Outcome, Planner, Step, Why};
+use etcd_steward::volume::{journal, marker};
 use prometheus_client::registry::Registry;
 
 /// Without peer TLS the sidecar serves both surfaces on its one plain port.
@@ -33,6 +33,17 @@ const ME: u64 = 0xa1;
 const LEADER: u64 = 0xa0;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Records a decision in the init journal, as `init` does.
+fn record(dir: &std::path::Path, action: &str) -> TestResult {
+    let entry = journal::Entry {
+        ts: 0,
+        action: action.parse()?,
+        reason: String::new(),
+    };
+    journal::append(dir, &entry)?;
+    Ok(())
+}
 
 // ---------------------------------------------------------------------------------------
 // Observations
@@ -551,7 +562,7 @@ fn promoted(why: Why) -> Step {
 async fn metrics_expose_role_leader_readiness_promotions_decisions_and_lag() -> TestResult {
     let mut s = Sidecar::observing(&serving())?;
     for action in ["restart", "join", "restart"] {
-        record_decision(s.data_dir(), &serde_json::json!({ "action": action }))?;
+        record(s.data_dir(), action)?;
     }
     s.read_journal();
     // Three promotions made; a refusal and an already-voter answer are not promotions.
@@ -616,13 +627,13 @@ async fn decision_counts_follow_the_journal_as_init_appends_to_it() -> TestResul
     s.read_journal();
     let first = parse_exposition(&s.get("/metrics").await?.text(), true)?;
     assert_eq!(count(&first), None, "no decision yet, no series");
-    record_decision(s.data_dir(), &serde_json::json!({ "action": "join" }))?;
+    record(s.data_dir(), "join")?;
     s.read_journal();
     assert_eq!(
         count(&parse_exposition(&s.get("/metrics").await?.text(), true)?),
         Some(1.0)
     );
-    record_decision(s.data_dir(), &serde_json::json!({ "action": "join" }))?;
+    record(s.data_dir(), "join")?;
     s.read_journal();
     assert_eq!(
         count(&parse_exposition(&s.get("/metrics").await?.text(), true)?),
@@ -860,16 +871,16 @@ async fn peer_report_of_an_unreadable_wal_still_says_data_and_why() -> TestResul
 #[tokio::test]
 async fn peer_report_carries_the_formation_marker() -> TestResult {
     let s = Sidecar::new(Health::starting())?;
-    let marker = Formation {
+    let formation = Formation {
         nonce: "5f1c".into(),
         initial_cluster: "etcd-0=http://etcd-0.etcd:2380,etcd-1=http://etcd-1.etcd:2380".into(),
         token: Some("a9e0.5f1c".into()),
         snapshot: None,
     };
-    write_formation(s.data_dir(), &marker)?;
+    marker::write(s.data_dir(), &formation)?;
     let r = report_of(&s).await?;
     assert!(!r.has_data, "a marker alone is not etcd data");
-    assert_eq!(r.formation, Some(marker));
+    assert_eq!(r.formation, Some(formation));
     Ok(())
 }
 

@@ -16,7 +16,6 @@ use tower::ServiceExt;
 
 use etcd_steward::cluster::EtcdError;
 use etcd_steward::config::{Cli, Command, Config};
-use etcd_steward::datadir::record_decision;
 use etcd_steward::dns::Lookup;
 use etcd_steward::fake::{FakeCluster, FakeDns, Op, Times};
 use etcd_steward::sidecar::health::PeerApi;
@@ -24,8 +23,20 @@ use etcd_steward::sidecar::http::metrics::{encode, Format};
 use etcd_steward::sidecar::http::{router, AppState};
 use etcd_steward::sidecar::observe::PeerProbe;
 use etcd_steward::sidecar::{Sidecar, FAST_TICK, LEARNER_TICK, TICK};
+use etcd_steward::volume::journal;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Records a decision in the init journal, as `init` does.
+fn record(dir: &std::path::Path, action: &str) -> TestResult {
+    let entry = journal::Entry {
+        ts: 0,
+        action: action.parse()?,
+        reason: String::new(),
+    };
+    journal::append(dir, &entry)?;
+    Ok(())
+}
 
 /// The peer API's answer, as the test sets it.
 #[derive(Clone)]
@@ -223,10 +234,7 @@ async fn a_joining_learner_is_promoted_before_it_serves_clients() -> TestResult 
     w.cluster.set_up(learner, false);
     w.cluster.set_raft_index(learner, 100);
     let mut pod = w.sidecar(3)?;
-    record_decision(
-        &pod.cfg.data_dir,
-        &serde_json::json!({ "action": "resume" }),
-    )?;
+    record(&pod.cfg.data_dir, "resume")?;
     assert_eq!(pod.tick().await, FAST_TICK);
     let asked = w.cluster.calls_of(Op::Promote);
     assert_eq!(
@@ -257,10 +265,7 @@ async fn a_voter_restarted_without_quorum_asks_no_promotion() -> TestResult {
     let w = World::new()?;
     w.cluster.set_up(id(1), false);
     let mut pod = w.sidecar(1)?;
-    record_decision(
-        &pod.cfg.data_dir,
-        &serde_json::json!({ "action": "restart" }),
-    )?;
+    record(&pod.cfg.data_dir, "restart")?;
     pod.run_for(Duration::from_secs(3)).await;
     assert!(w.cluster.calls_of(Op::Promote).is_empty());
     assert!(
@@ -548,7 +553,7 @@ async fn a_sidecars_metrics_pass_promtool() -> TestResult {
     w.cluster.set_raft_index(id(3), 1000);
     let mut pod = w.sidecar(3)?;
     for action in ["join", "resume"] {
-        record_decision(&pod.cfg.data_dir, &serde_json::json!({ "action": action }))?;
+        record(&pod.cfg.data_dir, action)?;
     }
     pod.sidecar.tick().await;
     pod.sidecar.tick().await;

@@ -83,7 +83,7 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
                 let host = id.host(o);
                 // With peer TLS, reports come only over mutual TLS with the peer certificates.
                 let (port, tls) = match &cfg.peer_tls {
-                    Some(t) => (cfg.peer_report_port, t.client_config().ok()),
+                    Some(t) => (cfg.peer_report_port, Some(t.client_config())),
                     None => (cfg.http_port, None),
                 };
                 set.spawn(async move {

@@ -48,8 +48,6 @@ pub enum SidecarError {
     },
     #[error("HTTP server failed: {0}")]
     Serve(std::io::Error),
-    #[error("peer TLS set-up failed: {0}")]
-    Tls(String),
 }
 
 /// The loop's state: connections, planners, and what it publishes.
@@ -175,9 +173,7 @@ where
                     addr: report_addr,
                     source,
                 })?;
-            let config = tls
-                .server_config()
-                .map_err(|e| SidecarError::Tls(e.to_string()))?;
+            let config = tls.server_config();
             tracing::info!(addr = %report_addr, "serving /peer/report over mutual TLS (peer CA)");
             let reports = http::report_router(state.clone());
             let limits = server::Limits::default();

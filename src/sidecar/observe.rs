@@ -13,10 +13,12 @@ use tokio::time::Instant;
 use super::conn::Connections;
 use super::health::{LocalObservation, PeerApi};
 use super::plan::Outcome;
-use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
+use crate::cluster::{Connector, Etcd, EtcdError};
 use crate::config::Config;
 use crate::dns::Dns;
+use crate::facts::{ActionKind, MemberInfo, MemberStatus};
 use crate::http_get::{self, GetError};
+use crate::volume::journal;
 
 /// The local member's status and serializable read are answered from its memory: when
 /// they take longer than this, etcd is busy (applying a log it was sent, or hung), and
@@ -52,9 +54,9 @@ pub struct Observation {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JournalView {
     /// The action of the last decision.
-    pub last: Option<String>,
+    pub last: Option<ActionKind>,
     /// How many times each action was taken.
-    pub counts: BTreeMap<String, u64>,
+    pub counts: BTreeMap<ActionKind, u64>,
 }
 
 /// Asks whether the local etcd's peer API answers, for when its client API does not.
@@ -98,11 +100,7 @@ impl Journal {
     pub fn new(data_dir: &Path) -> Self {
         Journal {
             data_dir: data_dir.to_path_buf(),
-            // Where `crate::datadir::record_decision` writes.
-            path: data_dir
-                .join("member")
-                .join("steward")
-                .join("decisions.jsonl"),
+            path: journal::path(data_dir),
             signature: None,
             view: JournalView::default(),
         }
@@ -113,9 +111,14 @@ impl Journal {
             .ok()
             .map(|m| (m.len(), m.modified().ok()));
         if signature != self.signature {
+            let entries = journal::read(&self.data_dir);
+            let mut counts = BTreeMap::new();
+            for e in &entries {
+                *counts.entry(e.action).or_insert(0) += 1;
+            }
             self.view = JournalView {
-                last: crate::datadir::last_decision(&self.data_dir),
-                counts: crate::datadir::decision_counts(&self.data_dir),
+                last: entries.last().map(|e| e.action),
+                counts,
             };
             self.signature = signature;
         }
@@ -186,7 +189,7 @@ pub async fn observe<D: Dns, C: Connector>(
     // Etcd up but not serving, after init let it join: a voter may promote it already.
     let joining = if status.is_err()
         && peer_api == Some(PeerApi::Answered)
-        && journal.last.as_deref() == Some("resume")
+        && journal.last == Some(ActionKind::Resume)
     {
         conn.members_from_peers().await
     } else {

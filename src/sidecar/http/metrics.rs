@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::facts::ActionKind;
 use crate::sidecar::health::{Health, Role};
 
 /// The exposition formats `/metrics` serves.
@@ -222,10 +223,10 @@ impl InitMetrics {
 
     /// Brings the counters to the journal's counts. The journal only grows; should it
     /// shrink (a volume set aside and replaced), the counter starts over, as a restart would.
-    pub fn set(&self, counts: &BTreeMap<String, u64>) {
+    pub fn set(&self, counts: &BTreeMap<ActionKind, u64>) {
         for (action, n) in counts {
             let label = ActionLabel {
-                action: action.clone(),
+                action: action.name().to_string(),
             };
             let had = self.decisions.get_or_create(&label).get();
             if *n < had {
@@ -272,7 +273,7 @@ mod tests {
     fn decision_counters_follow_the_journal_and_start_over_if_it_shrinks() {
         let mut registry = Registry::default();
         let m = InitMetrics::register(&mut registry);
-        let counts = |n| BTreeMap::from([("join".to_string(), n)]);
+        let counts = |n| BTreeMap::from([(ActionKind::Join, n)]);
         let value = |m: &InitMetrics| {
             m.decisions
                 .get_or_create(&ActionLabel {

@@ -6,14 +6,15 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::datadir;
+use crate::facts::WalState;
 use crate::report::PeerReport;
+use crate::volume;
 
 pub async fn peer_report(State(s): State<AppState>) -> Response {
-    match datadir::inspect(&s.data_dir) {
+    match volume::inspect(&s.data_dir) {
         Ok(state) => {
             let wal_error = match &state.wal {
-                datadir::WalState::Present(Err(e)) => Some(e.clone()),
+                WalState::Present(Err(e)) => Some(e.clone()),
                 _ => None,
             };
             let report = PeerReport {

@@ -7,6 +7,7 @@ use prometheus_client::registry::Registry;
 
 use super::{Outcome, Planner, Step, Why};
 use crate::cluster::{MemberInfo, MemberStatus};
+use crate::facts::ActionKind;
 use crate::sidecar::health::PeerApi;
 use crate::sidecar::observe::Observation;
 
@@ -87,7 +88,7 @@ fn caught_up_learner(status: &MemberStatus, seen: &Observation) -> Option<Step> 
 /// quorum, would only keep the loop waiting.
 fn joining_learner(seen: &Observation) -> Option<Step> {
     let etcd_runs = seen.local.peer_api == Some(PeerApi::Answered);
-    if !etcd_runs || seen.journal.last.as_deref() != Some("resume") {
+    if !etcd_runs || seen.journal.last != Some(ActionKind::Resume) {
         return None;
     }
     let (via, members) = seen.joining.as_ref()?;
