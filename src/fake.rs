@@ -1,5 +1,6 @@
 //! In-memory fakes of the outside world, for tests: a [`FakeCluster`] behind the etcd
-//! traits ([`Connector`], [`Etcd`]) and a [`FakeDns`] behind [`Dns`]. No network, no
+//! traits ([`Connector`], [`Etcd`]), a [`FakeDns`] behind [`Dns`], and [`FakeReports`]
+//! (the peers' sidecars) behind [`PeerReports`]. No network, no
 //! process, no clock: a test scripts the cluster (members, leader, raft indexes, members that
 //! are down, calls that fail), runs the code under test, and reads back every call it made.
 //!
@@ -18,7 +19,9 @@ use std::time::Duration;
 
 use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
 use crate::dns::{Dns, Lookup};
+use crate::facts::PeerReport;
 use crate::identity::split_url;
+use crate::init::observe::PeerReports;
 
 /// Which call a [`Call`] records, or a failure is scripted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -480,6 +483,40 @@ impl Dns for FakeDns {
         let mut s = self.lock();
         s.lookups.push(host.to_string());
         s.answers.get(host).cloned().unwrap_or(Lookup::NotFound)
+    }
+}
+
+/// The peers' sidecars, for `init`: each pod's report as the test sets it; a pod without
+/// one does not answer (as a sidecar that is not running).
+#[derive(Debug, Clone, Default)]
+pub struct FakeReports {
+    reports: Arc<Mutex<HashMap<String, PeerReport>>>,
+}
+
+impl FakeReports {
+    /// From now on, pod `name`'s sidecar answers `report`.
+    pub fn set(&self, name: &str, report: PeerReport) {
+        self.reports
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_string(), report);
+    }
+}
+
+impl PeerReports for FakeReports {
+    async fn report(
+        &self,
+        name: &str,
+        _host: &str,
+        _ip: IpAddr,
+        _timeout: Duration,
+    ) -> Result<PeerReport, String> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| "connection refused (fake: no sidecar)".to_string())
     }
 }
 

@@ -7,6 +7,7 @@ use clap::Parser;
 use etcd_steward::cluster::EtcdClientConnector;
 use etcd_steward::config::{Cli, Command};
 use etcd_steward::dns::HickoryDns;
+use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
 use etcd_steward::{exec, sidecar};
 
@@ -77,7 +78,8 @@ fn main() -> ExitCode {
             let outcome = runtime().and_then(|rt| {
                 let dns = HickoryDns::new(cfg.config.dns_server)?;
                 let connector = EtcdClientConnector::new(&cfg.config);
-                Ok(rt.block_on(init::run(cfg, dns, connector))?)
+                let reports = HttpReports::new(&cfg.config);
+                Ok(rt.block_on(init::run(cfg, dns, connector, reports))?)
             });
             match outcome {
                 Ok(Outcome::DryRun(decision)) => {

@@ -21,7 +21,7 @@ use crate::volume;
 use act::{act, ActError, Next, Pause};
 use decide::decide;
 use etcd_args::{etcd_argv, StartMode};
-use observe::Observer;
+use observe::{Observer, PeerReports};
 use retry::{Backoff, Retry};
 
 /// What `init` ends with.
@@ -44,11 +44,18 @@ fn unix_now() -> u64 {
         .unwrap_or_default()
 }
 
-/// Runs `init` until etcd can be started (or, with `--dry-run`, for one round).
-pub async fn run<D, C>(init: InitConfig, dns: D, connector: C) -> Result<Outcome, ActError>
+/// Runs `init` until etcd can be started (or, with `--dry-run`, for one round), on the
+/// outside world it is given: DNS, etcd, the peers' reports.
+pub async fn run<D, C, R>(
+    init: InitConfig,
+    dns: D,
+    connector: C,
+    reports: R,
+) -> Result<Outcome, ActError>
 where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
+    R: PeerReports + Clone + 'static,
 {
     let cfg = &init.config;
     if !init.dry_run {
@@ -58,6 +65,7 @@ where
         cfg: cfg.clone(),
         dns,
         connector: connector.clone(),
+        reports,
     };
     let mut backoff = Backoff::default();
     let mut round = 0u64;

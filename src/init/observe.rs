@@ -25,13 +25,67 @@ const REPORT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Ordinals beyond the initial size that are looked up, to notice pods of a scaled-up set.
 const EXTRA_ORDINALS: u32 = 2;
 
-pub struct Observer<D, C> {
+/// Asks a peer's sidecar for its report of its volume: the evidence a formation rests on.
+pub trait PeerReports: Send + Sync {
+    /// The report of pod `name` (DNS name `host`) at `ip`, or why there is none.
+    fn report(
+        &self,
+        name: &str,
+        host: &str,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<PeerReport, String>> + Send;
+}
+
+/// Reports over HTTP from the peers' sidecars; with peer TLS, only over mutual TLS with the
+/// peer certificates, on the peer-report port.
+#[derive(Clone)]
+pub struct HttpReports {
+    port: u16,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
+impl HttpReports {
+    pub fn new(cfg: &Config) -> Self {
+        match &cfg.peer_tls {
+            Some(t) => HttpReports {
+                port: cfg.peer_report_port,
+                tls: Some(t.client_config()),
+            },
+            None => HttpReports {
+                port: cfg.http_port,
+                tls: None,
+            },
+        }
+    }
+}
+
+impl PeerReports for HttpReports {
+    async fn report(
+        &self,
+        name: &str,
+        host: &str,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> Result<PeerReport, String> {
+        let addr = SocketAddr::new(ip, self.port);
+        fetch_report(addr, host, name, self.tls.as_ref(), timeout).await
+    }
+}
+
+pub struct Observer<D, C, R> {
     pub cfg: Config,
     pub dns: D,
     pub connector: C,
+    pub reports: R,
 }
 
-impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
+impl<D, C, R> Observer<D, C, R>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+    R: PeerReports + Clone + 'static,
+{
     /// The ordinals of the other pods worth asking.
     fn peer_ordinals(&self) -> Vec<u32> {
         let me = self.cfg.identity.ordinal;
@@ -81,23 +135,10 @@ impl<D: Dns + Clone + 'static, C: Connector + Clone + 'static> Observer<D, C> {
                 let (o, lookup) = (*o, lookup.clone());
                 let name = id.pod_name(o);
                 let host = id.host(o);
-                // With peer TLS, reports come only over mutual TLS with the peer certificates.
-                let (port, tls) = match &cfg.peer_tls {
-                    Some(t) => (cfg.peer_report_port, Some(t.client_config())),
-                    None => (cfg.http_port, None),
-                };
+                let reports = self.reports.clone();
                 set.spawn(async move {
                     let report = match lookup.first() {
-                        Some(ip) => Some(
-                            fetch_report(
-                                SocketAddr::new(ip, port),
-                                &host,
-                                &name,
-                                tls.as_ref(),
-                                report_timeout,
-                            )
-                            .await,
-                        ),
+                        Some(ip) => Some(reports.report(&name, &host, ip, report_timeout).await),
                         None => None,
                     };
                     PeerFacts {
