@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use harness::{Kind, Set};
 use tokio::time::Instant;
 
+use crate::env::Env;
 use crate::load;
-use crate::set::{Env, Kind, Set};
 use crate::stats::{Figure, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,7 +55,7 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
 }
 
 async fn up(env: &Env, kind: Kind) -> Result<Set> {
-    let mut set = Set::new(env, kind, 3).await?;
+    let mut set = env.set(kind, 3).await?;
     set.publish(&PODS).await?;
     for o in PODS {
         set.start(o)?;
@@ -70,7 +71,7 @@ async fn up(env: &Env, kind: Kind) -> Result<Set> {
 async fn restart(set: &mut Set) -> Result<(f64, f64)> {
     set.wait_up(Duration::from_secs(60)).await?;
     for o in PODS {
-        set.kill(o).await;
+        set.kill_processes(o).await;
     }
     set.withdraw(&PODS).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -112,7 +113,7 @@ async fn restart(set: &mut Set) -> Result<(f64, f64)> {
             bail!(
                 "{:?} restart not done after {TIMEOUT:?}; logs in {}",
                 set.kind,
-                set.root_path.display()
+                set.root().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -143,16 +143,21 @@ fn header<'a>(url: &str, s: &'a StatusResponse) -> Result<&'a etcd_client::Respo
         .ok_or_else(|| Error::Failed(format!("etcd at {url} answered a status without header")))
 }
 
-/// GETs `path` from a sidecar's plain HTTP port: (status, body), `None` when it does not
-/// answer within `timeout` (or answers more than 1 MiB).
-pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String)> {
-    tokio::time::timeout(timeout, exchange(addr, path))
+/// GETs `path` from a plain HTTP port (a sidecar's, etcd's metrics): (status, body),
+/// `None` when it does not answer within `timeout` or answers more than `max_body` bytes.
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    max_body: usize,
+) -> Option<(u16, String)> {
+    tokio::time::timeout(timeout, exchange(addr, path, max_body))
         .await
         .ok()
         .flatten()
 }
 
-async fn exchange(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+async fn exchange(addr: SocketAddr, path: &str, max_body: usize) -> Option<(u16, String)> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -164,7 +169,7 @@ async fn exchange(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
         .ok()?;
     let resp = sender.send_request(req).await.ok()?;
     let status = resp.status().as_u16();
-    let body = http_body_util::Limited::new(resp.into_body(), 1 << 20)
+    let body = http_body_util::Limited::new(resp.into_body(), max_body)
         .collect()
         .await
         .ok()?

@@ -496,7 +496,7 @@ impl Cluster {
     /// GET from a pod's sidecar: (status, body), None when it does not answer.
     pub async fn http(&self, o: u32, path: &str) -> HttpAnswer {
         let addr = SocketAddr::new(IpAddr::V4(self.ip(o)), 8080);
-        http_get(addr, path, Duration::from_secs(2)).await
+        http_get(addr, path, Duration::from_secs(2), 1 << 20).await
     }
 
     /// Whether pod `o`'s sidecar says ready.

@@ -30,8 +30,9 @@ pub use wait::{wait_for, wait_for_or, wait_until};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// What the harness could not do.
-#[derive(Debug, thiserror::Error)]
+/// What the harness could not do. `Debug` prints the sentence (with its line breaks), so a
+/// test's `.unwrap()` reads like a failed assertion.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// A file or directory of the harness could not be written or read.
     #[error("{what}: {source}")]
@@ -76,6 +77,12 @@ pub enum Error {
     /// Anything else that went wrong, said in a sentence.
     #[error("{0}")]
     Failed(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Error {

@@ -659,7 +659,7 @@ impl Set {
     /// GETs a path from a pod's sidecar: (status, body).
     pub async fn http(&self, o: u32, path: &str) -> Option<(u16, String)> {
         let addr = SocketAddr::new(IpAddr::V4(self.pod(o).ip), 8080);
-        http_get(addr, path, self.http_timeout).await
+        http_get(addr, path, self.http_timeout, 1 << 20).await
     }
 
     /// Whether pod `o`'s sidecar says ready.
