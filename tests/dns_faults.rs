@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::process::Output;
 
+use harness::logs::dry_run_decision;
 use harness::loopback::{empty_report, fake_sidecar, Set};
 use harness::Etcd;
 use tokio::net::UdpSocket;
@@ -50,13 +51,7 @@ async fn dry_run_with_dns(dns: SocketAddr, data_dir: &std::path::Path) -> Output
 }
 
 fn waits_on_dns(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let decision = dry_run_decision(out).unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap().to_string();
     assert!(reason.contains("DNS lookup failed"), "{reason}");

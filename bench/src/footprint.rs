@@ -140,11 +140,7 @@ fn per_hour(a: &[f64], b: &[f64], secs: f64) -> Vec<f64> {
 
 pub async fn run(env: &Env, opts: &Options) -> Result<Vec<Figure>> {
     let mut set = env.set(Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     crate::load::small(&set, 0, 1000).await?;
     let tck = clk_tck();
     let pids: Vec<u32> = (0..3)

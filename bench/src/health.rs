@@ -123,11 +123,7 @@ async fn expect_status(set: &Set, path: &str, want: u16) -> Result<()> {
 
 pub async fn run(env: &Env, secs: u64) -> Result<Vec<Figure>> {
     let mut set = env.set(Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     let base = format!("http://{}:8080", set.pod(0).ip);
     let mut figures = Vec::new();
     let mut measure = |cond: &str, r: WrkResult, path: &str| {

@@ -204,11 +204,7 @@ fn lag_of(ev: &Events) -> f64 {
 
 async fn up(env: &Env, kind: Kind, bytes: u64) -> Result<Set> {
     let mut set = env.set(kind, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     set.changed();
     let t = Instant::now();
     let keys = load::fill(&set, bytes).await?;

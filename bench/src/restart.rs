@@ -56,11 +56,7 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
 
 async fn up(env: &Env, kind: Kind) -> Result<Set> {
     let mut set = env.set(kind, 3).await?;
-    set.publish(&PODS).await?;
-    for o in PODS {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     load::small(&set, 0, 1000).await?;
     Ok(set)
 }

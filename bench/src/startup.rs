@@ -121,11 +121,7 @@ async fn series(
 
 pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
     let mut set = env.set(Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     crate::load::small(&set, 0, 100).await?;
     let leader = set.leader().await?;
     let o = (0..3).rev().find(|o| *o != leader).unwrap_or(2);

@@ -1,4 +1,7 @@
-//! Reading what etcd-steward logged (one JSON object per line).
+//! Reading what etcd-steward printed: its logs (one JSON object per line) and the decision
+//! of `init --dry-run`.
+
+use crate::{Error, Result};
 
 /// The `action` of every init round in `logs` ("decision" and "waiting" lines), in order.
 pub fn decisions(logs: &str) -> Vec<String> {
@@ -17,4 +20,18 @@ pub fn is_steward_line(line: &str) -> bool {
 /// The last `n` of `lines`, in order.
 pub fn last<'a>(lines: &'a [&'a str], n: usize) -> &'a [&'a str] {
     &lines[lines.len().saturating_sub(n)..]
+}
+
+/// The decision `etcd-steward init --dry-run` printed on stdout; an error carrying its
+/// stderr when it did not exit 0, or printed no JSON.
+pub fn dry_run_decision(out: &std::process::Output) -> Result<serde_json::Value> {
+    if out.status.code() != Some(0) {
+        return Err(Error::Failed(format!(
+            "the dry run exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| Error::Failed(format!("the dry run's decision is not JSON: {e}")))
 }

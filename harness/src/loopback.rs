@@ -735,6 +735,17 @@ impl Set {
         }
     }
 
+    /// Publishes every initial pod's name, starts them all and waits (up to `timeout`) until
+    /// the set is up.
+    pub async fn start_all(&mut self, timeout: Duration) -> Result<()> {
+        let pods: Vec<u32> = (0..self.replicas).collect();
+        self.publish(&pods).await?;
+        for o in pods {
+            self.start(o)?;
+        }
+        self.wait_up(timeout).await
+    }
+
     /// Waits (polling every 50 ms) until the set is up: every initial pod ready (its kind's
     /// notion) as `replicas` voters.
     pub async fn wait_up(&self, timeout: Duration) -> Result<()> {
@@ -866,14 +877,7 @@ impl Set {
                 program: self.steward.clone(),
                 source,
             })?;
-        if !out.status.success() {
-            return Err(Error::Failed(format!(
-                "dry run failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        serde_json::from_slice(&out.stdout)
-            .map_err(|e| Error::Failed(format!("the dry run's decision is not JSON: {e}")))
+        logs::dry_run_decision(&out)
     }
 
     /// Kills everything and waits for the processes; the directory goes unless kept.
