@@ -21,8 +21,6 @@
 //! Like an assertion, a Docker pod that cannot be made fails its scenario: the methods panic
 //! with Docker's own words rather than return errors.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -61,7 +59,10 @@ pub fn parallelism() -> u32 {
 pub async fn slot(exclusive: bool) -> tokio::sync::SemaphorePermit<'static> {
     SLOTS_INIT.call_once(|| SLOTS.add_permits(parallelism() as usize));
     let n = if exclusive { parallelism() } else { 1 };
-    SLOTS.acquire_many(n).await.unwrap()
+    SLOTS
+        .acquire_many(n)
+        .await
+        .unwrap_or_else(|e| panic!("the scenario slots: {e}"))
 }
 
 /// The image pods run: `STEWARD_TEST_IMAGE`, or [`DEFAULT_IMAGE`].
@@ -133,7 +134,7 @@ async fn etcd_3_4_mounts() -> Vec<String> {
         .arg(&bin)
         .output()
         .await
-        .expect("ldd must be installed");
+        .unwrap_or_else(|e| panic!("ldd must be installed: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
     let mut mounts = vec![format!("{bin}:{ETCD_3_4_IN_POD}:ro")];
     if text.contains("not a dynamic executable") || !out.status.success() {
@@ -490,7 +491,11 @@ impl Cluster {
 
     /// A client to pod `o`'s etcd (kept while it works).
     pub async fn client(&self, o: u32) -> Client {
-        self.clients.get(&self.client_url(o)).await.unwrap()
+        let url = self.client_url(o);
+        match self.clients.get(&url).await {
+            Ok(c) => c,
+            Err(e) => panic!("a client of pod {o}: {e}"),
+        }
     }
 
     /// GET from a pod's sidecar: (status, body), None when it does not answer.
@@ -603,7 +608,7 @@ impl Cluster {
             .stdin(Stdio::null())
             .output()
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("cannot run docker logs {container}: {e}"));
         format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -645,10 +650,15 @@ impl Cluster {
                 .status(*o)
                 .await
                 .unwrap_or_else(|| panic!("pod {o} answers status"));
-            let h = s.header().unwrap();
+            let h = s
+                .header()
+                .unwrap_or_else(|| panic!("pod {o} answered a status without header"));
             cids.insert(h.cluster_id());
             leaders.insert(s.leader());
-            let ms = self.members(*o).await.unwrap();
+            let ms = self
+                .members(*o)
+                .await
+                .unwrap_or_else(|| panic!("pod {o} answers its member list"));
             assert!(
                 ms.iter().all(|m| !m.is_learner()),
                 "pod {o} sees a learner: {ms:?}"
@@ -675,7 +685,7 @@ impl Cluster {
         self.check_writes(pods, acked).await;
         self.say(&format!(
             "checked: pods {pods:?} ready voters, one cluster {:x}, {acked} acknowledged writes on every member",
-            cids.first().unwrap()
+            cids.first().copied().unwrap_or_default()
         ));
     }
 
@@ -685,11 +695,11 @@ impl Cluster {
         let got = c
             .get("w/", Some(GetOptions::new().with_prefix().with_keys_only()))
             .await
-            .expect("linearizable read of every write");
+            .unwrap_or_else(|e| panic!("linearizable read of every write: {e}"));
         let present: BTreeSet<String> = got
             .kvs()
             .iter()
-            .map(|kv| kv.key_str().unwrap().to_string())
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
             .collect();
         let lost: Vec<u64> = (0..acked)
             .filter(|i| !present.contains(&write_key(*i)))

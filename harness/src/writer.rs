@@ -1,8 +1,6 @@
 //! A writer that records every write etcd acknowledged, so a scenario can prove none was
 //! lost. Like an assertion, it panics when it cannot go on.
 
-#![allow(clippy::expect_used)]
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +71,9 @@ impl Writer {
     /// Stops writing; what the writer saw.
     pub async fn stop(self) -> WriterReport {
         self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("the writer task")
+        self.task
+            .await
+            .unwrap_or_else(|e| panic!("the writer task: {e}"))
     }
 }
 
@@ -90,7 +90,7 @@ async fn write_loop(
         clients.push(
             Client::connect([ep.as_str()], Some(opts.clone()))
                 .await
-                .expect("a lazy client"),
+                .unwrap_or_else(|e| panic!("a lazy client of {ep}: {e}")),
         );
     }
     let started = Instant::now();
