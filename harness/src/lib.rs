@@ -6,8 +6,9 @@
 //!   namespace, and a `sidecar`), or a plain etcd started by hand (the benchmark's baseline).
 //! - [`docker`]: pods as Docker containers, for faults loopback cannot make (partitions,
 //!   read-only root file systems, graceful stops).
-//! - [`pki`] (test certificates), [`etcd`] (which etcd binary), [`client`] (etcd clients and
-//!   the sidecar's HTTP), [`wait`], [`writer`] (acknowledged writes), [`logs`], [`procs`].
+//! - [`dns`] (a loopback set's dnsmasq), [`pki`] (test certificates), [`etcd`] (which etcd
+//!   binary), [`client`] (etcd clients and the sidecar's HTTP), [`wait`], [`writer`]
+//!   (acknowledged writes), [`logs`], [`procs`].
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).
