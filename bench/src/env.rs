@@ -45,6 +45,7 @@ impl Env {
             connect_timeout: Duration::from_millis(300),
             timeout: Duration::from_secs(3),
             http_timeout: Duration::from_millis(500),
+            reuse_clients: true,
         };
         Ok(Set::with(setup, kind).await?)
     }

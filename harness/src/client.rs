@@ -13,23 +13,32 @@ use hyper_util::rt::TokioIo;
 
 use crate::{Error, Result};
 
-/// The etcd clients of one set of pods, one per endpoint, reused until a call through it
-/// fails (reconnecting for every poll would add the connection to what is measured).
+/// The etcd clients of one set of pods: with `reuse`, one per endpoint kept until a call
+/// through it fails (the benchmark: reconnecting for every poll would add the connection to
+/// what is measured); without, a new client for every call (the tests: each question is
+/// asked afresh, as a new client of the cluster would).
 pub struct Clients {
     connect_timeout: Duration,
     timeout: Duration,
     tls: Option<TlsOptions>,
+    reuse: bool,
     cache: Mutex<HashMap<String, Client>>,
 }
 
 impl Clients {
     /// Clients that give up connecting after `connect_timeout` and a call after `timeout`;
-    /// with `tls`, over TLS.
-    pub fn new(connect_timeout: Duration, timeout: Duration, tls: Option<TlsOptions>) -> Clients {
+    /// with `tls`, over TLS; kept per endpoint with `reuse`.
+    pub fn new(
+        connect_timeout: Duration,
+        timeout: Duration,
+        tls: Option<TlsOptions>,
+        reuse: bool,
+    ) -> Clients {
         Clients {
             connect_timeout,
             timeout,
             tls,
+            reuse,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -57,6 +66,9 @@ impl Clients {
 
     /// The client of one endpoint.
     pub async fn get(&self, url: &str) -> Result<Client> {
+        if !self.reuse {
+            return self.connect(&[url.to_string()], self.timeout).await;
+        }
         if let Some(c) = self.cache.lock().ok().and_then(|m| m.get(url).cloned()) {
             return Ok(c);
         }

@@ -237,7 +237,12 @@ impl Cluster {
             pods: BTreeSet::new(),
             mounts_3_4: Vec::new(),
             started: Instant::now(),
-            clients: Clients::new(Duration::from_millis(500), Duration::from_secs(2), None),
+            clients: Clients::new(
+                Duration::from_millis(500),
+                Duration::from_secs(2),
+                None,
+                false,
+            ),
         }
     }
 

@@ -87,6 +87,8 @@ pub struct Setup {
     pub timeout: Duration,
     /// Time-out of a GET from a sidecar.
     pub http_timeout: Duration,
+    /// Keep one etcd client per pod (see [`Clients`]).
+    pub reuse_clients: bool,
 }
 
 impl Setup {
@@ -106,6 +108,7 @@ impl Setup {
             connect_timeout: Duration::from_millis(500),
             timeout: Duration::from_secs(2),
             http_timeout: Duration::from_secs(2),
+            reuse_clients: false,
         }
     }
 }
@@ -207,7 +210,12 @@ impl Set {
             dns,
             published: BTreeSet::new(),
             wrong_addresses: BTreeMap::new(),
-            clients: Clients::new(setup.connect_timeout, setup.timeout, tls),
+            clients: Clients::new(
+                setup.connect_timeout,
+                setup.timeout,
+                tls,
+                setup.reuse_clients,
+            ),
             token: format!("harness-{net}-{}", std::process::id()),
             log_filter: setup.log_filter,
             http_timeout: setup.http_timeout,
