@@ -3,22 +3,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::time::Duration;
 
-use support::{has_wal, wait_for, wait_for_or, Etcd, Set};
+use harness::loopback::{has_wal, Set};
+use harness::{wait_for, wait_for_or, Etcd};
+
+/// The agent under test.
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 
 const FORM: Duration = Duration::from_secs(60);
 const HEAL: Duration = Duration::from_secs(90);
 
 /// A three-pod set started together and formed: three ready voters.
 async fn formed(etcd: Etcd) -> Set {
-    let mut set = Set::new(etcd, 3).await;
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     for o in 0..3 {
-        set.start(o);
+        set.start(o).unwrap();
     }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
     set
 }
 
@@ -26,9 +28,13 @@ async fn fresh_bootstrap_together(etcd: Etcd) {
     let mut set = formed(etcd).await;
     let ids: Vec<u64> = futures_ids(&set, &[0, 1, 2]).await;
     assert_eq!(ids.len(), 3);
-    let cid = set.cluster_id(0).await;
+    let cid = set.cluster_id(0).await.unwrap_or_default();
     for o in 0..3 {
-        assert_eq!(set.cluster_id(o).await, cid, "one cluster");
+        assert_eq!(
+            set.cluster_id(o).await.unwrap_or_default(),
+            cid,
+            "one cluster"
+        );
         assert!(
             set.decisions(o).contains(&"bootstrap".to_string()),
             "pod {o} bootstrapped: {:?}",
@@ -48,15 +54,15 @@ async fn fresh_bootstrap_together(etcd: Etcd) {
             "pod {o} started etcd once ordinal 0 served"
         );
     }
-    set.put_keys("k", 10).await;
-    assert_eq!(set.count_keys_on(2, "k/").await, 10);
+    set.put_keys("k", 10).await.unwrap();
+    assert_eq!(set.count_keys_on(2, "k/").await.unwrap_or(-1), 10);
     set.shutdown().await;
 }
 
 async fn futures_ids(set: &Set, pods: &[u32]) -> Vec<u64> {
     let mut ids = Vec::new();
     for o in pods {
-        ids.push(set.member_id(*o).await);
+        ids.push(set.member_id(*o).await.unwrap_or_default());
     }
     ids.sort();
     ids.dedup();
@@ -95,23 +101,23 @@ macro_rules! scenarios {
 }
 
 async fn fresh_bootstrap_staggered(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     for o in [2, 0, 1] {
-        set.start(o);
+        set.start(o).unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
-    let cid = set.cluster_id(0).await;
-    assert_eq!(set.cluster_id(1).await, cid);
-    assert_eq!(set.cluster_id(2).await, cid);
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let cid = set.cluster_id(0).await.unwrap_or_default();
+    assert_eq!(set.cluster_id(1).await.unwrap_or_default(), cid);
+    assert_eq!(set.cluster_id(2).await.unwrap_or_default(), cid);
     set.shutdown().await;
 }
 
 /// A pod killed in the middle of a formation comes back and the formation completes.
 async fn bootstrap_survives_a_pod_killed_midway(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     for o in 0..3 {
-        set.start(o);
+        set.start(o).unwrap();
     }
     // Kill pod 1 as soon as it has prepared (written its marker), before the cluster forms.
     let marker = set.pod(1).data_dir.join("member/steward/formation.json");
@@ -119,27 +125,31 @@ async fn bootstrap_survives_a_pod_killed_midway(etcd: Etcd) {
         marker.exists()
     })
     .await;
-    set.kill(1).await;
+    set.kill(1).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    set.start(1);
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
-    let cid = set.cluster_id(0).await;
+    set.start(1).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let cid = set.cluster_id(0).await.unwrap_or_default();
     for o in 1..3 {
-        assert_eq!(set.cluster_id(o).await, cid);
+        assert_eq!(set.cluster_id(o).await.unwrap_or_default(), cid);
     }
-    set.put_keys("k", 5).await;
+    set.put_keys("k", 5).await.unwrap();
     set.shutdown().await;
 }
 
 async fn restart_keeps_member_id_and_data(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 50).await;
-    let id = set.member_id(1).await;
-    set.kill(1).await;
-    set.start(1);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
-    assert_eq!(set.member_id(1).await, id, "same member ID after a restart");
-    assert_eq!(set.count_keys_on(1, "k/").await, 50);
+    set.put_keys("k", 50).await.unwrap();
+    let id = set.member_id(1).await.unwrap_or_default();
+    set.kill(1).await.unwrap();
+    set.start(1).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
+    assert_eq!(
+        set.member_id(1).await.unwrap_or_default(),
+        id,
+        "same member ID after a restart"
+    );
+    assert_eq!(set.count_keys_on(1, "k/").await.unwrap_or(-1), 50);
     assert_eq!(set.decisions(1).last().map(String::as_str), Some("restart"));
     set.shutdown().await;
 }
@@ -147,13 +157,13 @@ async fn restart_keeps_member_id_and_data(etcd: Etcd) {
 /// A wiped volume never comes back with its old member ID: it rejoins as a new learner.
 async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 200).await;
-    let old = set.member_id(2).await;
-    set.kill(2).await;
-    set.wipe(2);
-    set.start(2);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
-    let new = set.member_id(2).await;
+    set.put_keys("k", 200).await.unwrap();
+    let old = set.member_id(2).await.unwrap_or_default();
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
+    set.start(2).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
+    let new = set.member_id(2).await.unwrap_or_default();
     assert_ne!(new, old, "an empty member must not reuse its old member ID");
     let members = set.members(0).await.unwrap();
     assert!(
@@ -161,7 +171,7 @@ async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
         "the stale entry is gone"
     );
     assert_eq!(
-        set.count_keys_on(2, "k/").await,
+        set.count_keys_on(2, "k/").await.unwrap_or(-1),
         200,
         "all keys replicated to the new member"
     );
@@ -184,20 +194,20 @@ async fn wiped_member_rejoins_as_learner_with_new_id(etcd: Etcd) {
 /// port is moved where the sidecar cannot reach it, so that is the only way it can promote.
 async fn learner_is_promoted_before_it_serves_clients(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 50).await;
-    let old = set.member_id(2).await;
-    set.kill(2).await;
-    set.wipe(2);
+    set.put_keys("k", 50).await.unwrap();
+    let old = set.member_id(2).await.unwrap_or_default();
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
     let scheme = if etcd.tls() { "https" } else { "http" };
     let hidden_client = format!("--listen-client-urls={scheme}://{}:12379", set.pod(2).ip);
-    set.set_dns(2, true);
-    set.start_sidecar(2);
-    set.start_init_with(2, &[&hidden_client]);
+    set.set_dns(2, true).unwrap();
+    set.start_sidecar(2).unwrap();
+    set.start_init_with(2, &[&hidden_client]).unwrap();
     wait_for_or(
         HEAL,
         "pod 2's new member promoted to voter",
         || async {
-            set.members(0).await.is_some_and(|ms| {
+            set.members(0).await.is_ok_and(|ms| {
                 ms.len() == 3 && ms.iter().all(|m| m.id() != old && !m.is_learner())
             })
         },
@@ -223,19 +233,23 @@ async fn learner_is_promoted_before_it_serves_clients(etcd: Etcd) {
 
 async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 100).await;
-    let cid = set.cluster_id(0).await;
+    set.put_keys("k", 100).await.unwrap();
+    let cid = set.cluster_id(0).await.unwrap_or_default();
     for o in 0..3 {
-        set.kill(o).await;
+        set.kill(o).await.unwrap();
     }
     for o in [2, 0, 1] {
-        set.start(o);
+        set.start(o).unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     for o in 0..3 {
-        assert_eq!(set.cluster_id(o).await, cid, "pod {o} kept the cluster ID");
-        assert_eq!(set.count_keys_on(o, "k/").await, 100);
+        assert_eq!(
+            set.cluster_id(o).await.unwrap_or_default(),
+            cid,
+            "pod {o} kept the cluster ID"
+        );
+        assert_eq!(set.count_keys_on(o, "k/").await.unwrap_or(-1), 100);
     }
     set.shutdown().await;
 }
@@ -243,20 +257,20 @@ async fn full_restart_in_any_order_keeps_cluster_id(etcd: Etcd) {
 /// An empty volume while the majority is down: wait, never a new cluster.
 async fn empty_member_waits_while_majority_is_down(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 20).await;
-    let cid = set.cluster_id(0).await;
+    set.put_keys("k", 20).await.unwrap();
+    let cid = set.cluster_id(0).await.unwrap_or_default();
     for o in 0..3 {
-        set.kill(o).await;
+        set.kill(o).await.unwrap();
     }
-    set.wipe(0);
+    set.wipe(0).unwrap();
     // Peers 1 and 2 have their sidecars up (their etcd is down): their data must hold pod 0 back.
-    set.set_dns(1, true);
-    set.set_dns(2, true);
-    set.start_sidecar(1);
-    set.start_sidecar(2);
+    set.set_dns(1, true).unwrap();
+    set.set_dns(2, true).unwrap();
+    set.start_sidecar(1).unwrap();
+    set.start_sidecar(2).unwrap();
     let earlier = set.decisions(0).len();
-    set.start(0);
-    let decision = set.dry_run(0).await;
+    set.start(0).unwrap();
+    let decision = set.dry_run(0).await.unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     assert!(
         decision["reason"].as_str().unwrap().contains("etcd-1"),
@@ -275,26 +289,27 @@ async fn empty_member_waits_while_majority_is_down(etcd: Etcd) {
         "{since:?}"
     );
     // The rest come back: one cluster, the old one, with all its data.
-    set.start_init(1);
-    set.start_init(2);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.start_init(1).unwrap();
+    set.start_init(2).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     for o in 0..3 {
-        assert_eq!(set.cluster_id(o).await, cid);
+        assert_eq!(set.cluster_id(o).await.unwrap_or_default(), cid);
     }
-    assert_eq!(set.count_keys_on(0, "k/").await, 20);
+    assert_eq!(set.count_keys_on(0, "k/").await.unwrap_or(-1), 20);
     set.shutdown().await;
 }
 
 async fn scale_up_from_three_to_five(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 30).await;
-    set.add_pod(3);
-    set.add_pod(4);
-    set.start(3);
-    set.start(4);
+    set.put_keys("k", 30).await.unwrap();
+    set.add_pod(3).unwrap();
+    set.add_pod(4).unwrap();
+    set.start(3).unwrap();
+    set.start(4).unwrap();
     set.wait_ready(&[0, 1, 2, 3, 4], 5, Duration::from_secs(150))
-        .await;
-    assert_eq!(set.count_keys_on(4, "k/").await, 30);
+        .await
+        .unwrap();
+    assert_eq!(set.count_keys_on(4, "k/").await.unwrap_or(-1), 30);
     assert!(set.decisions(3).contains(&"join".into()));
     set.shutdown().await;
 }
@@ -302,12 +317,12 @@ async fn scale_up_from_three_to_five(etcd: Etcd) {
 /// An earlier init died right after MemberAdd: the learner entry is reused, not duplicated.
 async fn crashed_attempts_learner_entry_is_resumed(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.add_pod(3);
-    let entry = set.add_learner_entry(0, 3).await;
-    set.start(3);
-    set.wait_ready(&[0, 1, 2, 3], 4, HEAL).await;
+    set.add_pod(3).unwrap();
+    let entry = set.add_learner_entry(0, 3).await.unwrap();
+    set.start(3).unwrap();
+    set.wait_ready(&[0, 1, 2, 3], 4, HEAL).await.unwrap();
     assert_eq!(
-        set.member_id(3).await,
+        set.member_id(3).await.unwrap_or_default(),
         entry,
         "the existing learner entry was resumed"
     );
@@ -317,17 +332,17 @@ async fn crashed_attempts_learner_entry_is_resumed(etcd: Etcd) {
 
 /// A learner that never starts is removed by the leader's sidecar, so the next join goes on.
 async fn dead_learner_does_not_block_the_next_join(etcd: Etcd) {
-    let mut set = Set::new(etcd, 3).await;
-    set.stall_timeout = "6s".into();
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.stall_timeout = Some("6s".into());
     for o in 0..3 {
-        set.start(o);
+        set.start(o).unwrap();
     }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
-    set.add_pod(3);
-    set.add_pod(4);
-    let dead = set.add_learner_entry(0, 3).await;
-    set.start(4);
-    set.wait_ready(&[0, 1, 2, 4], 4, HEAL).await;
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    set.add_pod(3).unwrap();
+    set.add_pod(4).unwrap();
+    let dead = set.add_learner_entry(0, 3).await.unwrap();
+    set.start(4).unwrap();
+    set.wait_ready(&[0, 1, 2, 4], 4, HEAL).await.unwrap();
     let members = set.members(0).await.unwrap();
     assert!(
         members.iter().all(|m| m.id() != dead),
@@ -347,8 +362,8 @@ async fn dead_learner_does_not_block_the_next_join(etcd: Etcd) {
 /// Liveness never depends on quorum; readiness does.
 async fn health_during_quorum_loss(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.kill(1).await;
-    set.kill(2).await;
+    set.kill(1).await.unwrap();
+    set.kill(2).await.unwrap();
     wait_for_or(
         Duration::from_secs(30),
         "pod 0 to report not ready",
@@ -369,14 +384,14 @@ async fn health_during_quorum_loss(etcd: Etcd) {
     );
     // A member restarted without quorum serves no client requests at all, and is still alive.
     set.kill_etcd(0).await;
-    set.start_init(0);
+    set.start_init(0).unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
     let (code, body) = set.http(0, "/healthz").await.unwrap();
     assert_eq!(code, 200, "{body}");
     assert_eq!(set.http(0, "/ready").await.unwrap().0, 503);
-    set.start(1);
-    set.start(2);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.start(1).unwrap();
+    set.start(2).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     set.shutdown().await;
 }
 
@@ -391,7 +406,7 @@ async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
     for o in 0..3 {
         let opts = set.client_options(Duration::from_secs(2));
         clients.push(
-            etcd_client::Client::connect([set.client_addr(o)], Some(opts))
+            etcd_client::Client::connect([set.client_url(o)], Some(opts))
                 .await
                 .unwrap(),
         );
@@ -417,15 +432,15 @@ async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    set.kill(1).await;
+    set.kill(1).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    set.start(1);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
-    set.kill(2).await;
-    set.wipe(2);
+    set.start(1).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    set.start(2);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.start(2).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     writer.await.unwrap();
@@ -435,7 +450,7 @@ async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
         "the writer made progress: {} writes",
         acked.len()
     );
-    let mut c = set.any_client().await;
+    let mut c = set.any_client().await.unwrap();
     let got = c
         .get("w/", Some(etcd_client::GetOptions::new().with_prefix()))
         .await
@@ -453,7 +468,7 @@ async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     for o in 0..3 {
         assert!(
-            set.count_keys_on(o, "w/").await >= acked.len() as i64,
+            set.count_keys_on(o, "w/").await.unwrap_or(-1) >= acked.len() as i64,
             "pod {o} has every write"
         );
     }
@@ -464,17 +479,17 @@ async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
 /// a wiped member still rejoins as a learner and is promoted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_works_with_etcd_authentication() {
-    let mut set = Set::new(Etcd::V3_5, 3).await;
+    let mut set = Set::new(STEWARD, Etcd::V3_5, 3).await.unwrap();
     for o in 0..3 {
-        set.start(o);
+        set.start(o).unwrap();
     }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await;
-    set.put_keys("k", 20).await;
-    let mut c = set.any_client().await;
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    let mut c = set.any_client().await.unwrap();
     c.user_add("root", "s3cret", None).await.unwrap();
     c.user_grant_role("root", "root").await.unwrap();
     c.auth_enable().await.unwrap();
-    let password = set.root.path().join("password");
+    let password = set.root().join("password");
     std::fs::write(&password, "s3cret\n").unwrap();
     set.extra_args = vec![
         "--auth-username=root".into(),
@@ -483,24 +498,24 @@ async fn membership_works_with_etcd_authentication() {
     // The sidecars get the credentials (a rolling change of their options).
     for o in 0..3 {
         set.kill_sidecar(o).await;
-        set.start_sidecar(o);
+        set.start_sidecar(o).unwrap();
     }
     let old = {
         let opts = set
             .client_options(Duration::from_secs(2))
             .with_user("root", "s3cret");
-        let mut c = etcd_client::Client::connect([set.client_addr(2)], Some(opts))
+        let mut c = etcd_client::Client::connect([set.client_url(2)], Some(opts))
             .await
             .unwrap();
         c.status().await.unwrap().header().unwrap().member_id()
     };
-    set.kill(2).await;
-    set.wipe(2);
-    set.start(2);
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
+    set.start(2).unwrap();
     let opts = set
         .client_options(Duration::from_secs(2))
         .with_user("root", "s3cret");
-    let addr = set.client_addr(0);
+    let addr = set.client_url(0);
     wait_for_or(
         HEAL,
         "etcd-2 to rejoin as a new voter under authentication",
@@ -544,13 +559,13 @@ fn set_aside_dirs(data_dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// Checks that pod `o` came back as a new member with every key, its old WAL renamed aside
 /// (not deleted) for the reason `why`, and the log saying where.
 async fn came_back_with_data_set_aside(set: &Set, o: u32, old: u64, keys: i64, why: &str) {
-    let new = set.member_id(o).await;
+    let new = set.member_id(o).await.unwrap_or_default();
     assert_ne!(new, old, "a new member ID, never the old one");
     // Asked a few times: a single call may time out on a loaded machine (it returns -1).
     wait_for(
         Duration::from_secs(15),
         "all keys on the new member",
-        || async { set.count_keys_on(o, "k/").await == keys },
+        || async { set.count_keys_on(o, "k/").await.unwrap_or(-1) == keys },
     )
     .await;
     let aside = set_aside_dirs(&set.pod(o).data_dir);
@@ -577,17 +592,17 @@ async fn came_back_with_data_set_aside(set: &Set, o: u32, old: u64, keys: i64, w
 /// cluster no longer lists. Its data is renamed aside and the pod joins as a new learner.
 async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 100).await;
-    let old = set.member_id(2).await;
-    set.kill(2).await;
+    set.put_keys("k", 100).await.unwrap();
+    let old = set.member_id(2).await.unwrap_or_default();
+    set.kill(2).await.unwrap();
     // etcd refuses membership changes until its voters have been connected a few seconds.
     wait_for(HEAL, "etcd-2's member removed", || async {
-        let mut admin = set.client(0).await;
+        let mut admin = set.client(0).await.unwrap();
         admin.member_remove(old).await.is_ok()
     })
     .await;
-    set.start(2);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.start(2).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     came_back_with_data_set_aside(&set, 2, old, 100, "-removed-member").await;
     set.shutdown().await;
 }
@@ -598,17 +613,17 @@ async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
 /// once the cluster is back its data is renamed aside and the pod joins.
 async fn another_clusters_volume_is_set_aside_and_the_pod_joins(etcd: Etcd) {
     let mut set = formed(etcd).await;
-    set.put_keys("k", 100).await;
-    let old = set.member_id(2).await;
-    set.kill(2).await;
-    set.wipe(2);
+    set.put_keys("k", 100).await.unwrap();
+    let old = set.member_id(2).await.unwrap_or_default();
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
     // A one-member cluster of its own, on etcd-2's volume, with another token.
     let pod = set.pod(2);
     let (peer, client) = (
         format!("http://{}:2380", pod.ip),
         format!("http://{}:2379", pod.ip),
     );
-    let mut other = tokio::process::Command::new(set.etcd.bin())
+    let mut other = tokio::process::Command::new(set.etcd_bin())
         .arg("--name=etcd-2")
         .arg(format!("--data-dir={}", pod.data_dir.display()))
         .arg(format!("--initial-cluster=etcd-2={peer}"))
@@ -631,7 +646,7 @@ async fn another_clusters_volume_is_set_aside_and_the_pod_joins(etcd: Etcd) {
     // No cluster can answer; the other pods' sidecars still report their volumes.
     set.kill_etcd(0).await;
     set.kill_etcd(1).await;
-    set.start(2);
+    set.start(2).unwrap();
     wait_for_or(
         HEAL,
         "etcd-2 to wait rather than start the other cluster's data",
@@ -642,9 +657,9 @@ async fn another_clusters_volume_is_set_aside_and_the_pod_joins(etcd: Etcd) {
         || set.dump(),
     )
     .await;
-    set.start_init(0);
-    set.start_init(1);
-    set.wait_ready(&[0, 1, 2], 3, HEAL).await;
+    set.start_init(0).unwrap();
+    set.start_init(1).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     came_back_with_data_set_aside(&set, 2, old, 100, "-foreign-cluster").await;
     assert!(
         !set.decisions(2).contains(&"restart".into()),

@@ -4,13 +4,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::Output;
 
-use support::{empty_report, fake_sidecar, steward_bin, Etcd, Set};
+use harness::logs::dry_run_decision;
+use harness::loopback::{empty_report, fake_sidecar, Set};
+use harness::Etcd;
 use tokio::net::UdpSocket;
+
+/// The agent under test.
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 
 /// A DNS server on loopback that answers every query with SERVFAIL (`servfail`), or
 /// reads queries and never answers. Returns its address.
@@ -35,7 +38,7 @@ async fn broken_dns(servfail: bool) -> SocketAddr {
 }
 
 async fn dry_run_with_dns(dns: SocketAddr, data_dir: &std::path::Path) -> Output {
-    tokio::process::Command::new(steward_bin())
+    tokio::process::Command::new(STEWARD)
         .args(["init", "--dry-run", "--name=etcd-0", "--replicas=3"])
         .arg(format!("--data-dir={}", data_dir.display()))
         .arg(format!("--dns-server={dns}"))
@@ -48,13 +51,7 @@ async fn dry_run_with_dns(dns: SocketAddr, data_dir: &std::path::Path) -> Output
 }
 
 fn waits_on_dns(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let decision: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let decision = dry_run_decision(out).unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap().to_string();
     assert!(reason.contains("DNS lookup failed"), "{reason}");
@@ -95,21 +92,21 @@ async fn dns_that_never_answers_means_wait_never_bootstrap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_answering_a_wrong_address_means_wait_never_bootstrap() {
-    let mut set = Set::new(Etcd::V3_5, 3).await;
+    let mut set = Set::new(STEWARD, Etcd::V3_5, 3).await.unwrap();
     for o in 0..3 {
-        set.set_dns(o, true);
+        set.set_dns(o, true).unwrap();
     }
-    fake_sidecar(&set, 1, empty_report("etcd-1")).await;
-    fake_sidecar(&set, 2, empty_report("etcd-2")).await;
+    fake_sidecar(&set, 1, empty_report("etcd-1")).await.unwrap();
+    fake_sidecar(&set, 2, empty_report("etcd-2")).await.unwrap();
     // Every peer answers empty at its own address: this is the proof a bootstrap needs.
-    let control = set.dry_run(0).await;
+    let control = set.dry_run(0).await.unwrap();
     assert_eq!(control["action"], "bootstrap", "{control}");
 
     // etcd-1's name now points at etcd-2: the answer comes from the wrong pod, so etcd-1
     // has said nothing about its volume.
     let wrong = set.pod(2).ip;
-    set.set_dns_address(1, Some(wrong));
-    let decision = set.dry_run(0).await;
+    set.set_dns_address(1, Some(wrong)).unwrap();
+    let decision = set.dry_run(0).await.unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap();
     assert!(

@@ -1,5 +1,5 @@
 //! The fault suite: pods are Docker containers on a private network (see
-//! tests/fault_support), each scenario against a writer that records every acknowledged
+//! harness/src/docker.rs), each scenario against a writer that records every acknowledged
 //! write. After each: every acknowledged write is readable (on every member), exactly one
 //! cluster ID exists, every member is a voter and ready.
 //!
@@ -15,12 +15,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod fault_support;
-
 use std::io::Write;
 use std::time::Duration;
 
-use fault_support::{Cluster, Etcd, Writer};
+use harness::docker::{self, Cluster};
+use harness::writer::Writer;
+use harness::Etcd;
 use rand::seq::SliceRandom;
 use rand::RngExt;
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ macro_rules! scenario {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = "the Docker fault suite: images/build-test-image.sh, then cargo test --test fault -- --ignored"]
         async fn $name() {
-            let _slot = fault_support::slot($exclusive).await;
+            let _slot = docker::slot($exclusive).await;
             let started = Instant::now();
             scenarios::$name().await;
             let _ = writeln!(

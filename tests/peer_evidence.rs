@@ -6,8 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +13,23 @@ use std::time::Duration;
 use axum::routing::get;
 use etcd_steward::http_get::get_with;
 use etcd_steward::report::parse_report;
-use support::{empty_report, fake_sidecar, wait_for, Etcd, Set};
+use etcd_steward::tls::{TlsFiles, TlsMaterial};
+use harness::loopback::{empty_report, fake_sidecar, Set};
+use harness::pki::Pki;
+use harness::{wait_for, Etcd};
+
+/// The agent under test.
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+
+/// A loaded certificate/key/CA triple, e.g. ("peer", "peer-ca") or ("outsider", "peer-ca").
+fn material(pki: &Pki, cert: &str, ca: &str) -> TlsMaterial {
+    TlsMaterial::load(&TlsFiles {
+        cert: pki.path(&format!("{cert}.pem")),
+        key: pki.path(&format!("{cert}-key.pem")),
+        ca: pki.path(&format!("{ca}.pem")),
+    })
+    .unwrap()
+}
 
 fn report_addr(set: &Set, o: u32) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8443)
@@ -23,13 +37,13 @@ fn report_addr(set: &Set, o: u32) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
-    let mut set = Set::new(Etcd::V3_5Tls, 3).await;
-    set.set_dns(0, true);
-    set.start_sidecar(0);
+    let mut set = Set::new(STEWARD, Etcd::V3_5Tls, 3).await.unwrap();
+    set.set_dns(0, true).unwrap();
+    set.start_sidecar(0).unwrap();
     let pki = set.pki.as_ref().unwrap();
     let host = set.host(0);
     let addr = report_addr(&set, 0);
-    let peer = pki.material("peer", "peer-ca").client_config();
+    let peer = material(pki, "peer", "peer-ca").client_config();
     wait_for(Duration::from_secs(10), "the report port", || async {
         tokio::net::TcpStream::connect(addr).await.is_ok()
     })
@@ -60,7 +74,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     .await
     .is_err());
     // (a client that trusts the peer CA for the server but presents another CA's certificate)
-    let client_side = pki.material("client", "peer-ca").client_config();
+    let client_side = material(pki, "client", "peer-ca").client_config();
     assert!(get_with(
         addr,
         &host,
@@ -71,7 +85,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
     )
     .await
     .is_err());
-    let outsider = pki.material("outsider", "peer-ca").client_config();
+    let outsider = material(pki, "outsider", "peer-ca").client_config();
     assert!(get_with(
         addr,
         &host,
@@ -100,11 +114,11 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
-    let mut set = Set::new(Etcd::V3_5Tls, 3).await;
+    let mut set = Set::new(STEWARD, Etcd::V3_5Tls, 3).await.unwrap();
     for o in 0..3 {
-        set.set_dns(o, true);
+        set.set_dns(o, true).unwrap();
     }
-    set.start_sidecar(0);
+    set.start_sidecar(0).unwrap();
     // etcd-1: an impostor answering in plain HTTP on the report port.
     let plain = tokio::net::TcpListener::bind(report_addr(&set, 1))
         .await
@@ -116,12 +130,7 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
     let tls = tokio::net::TcpListener::bind(report_addr(&set, 2))
         .await
         .unwrap();
-    let outsider = set
-        .pki
-        .as_ref()
-        .unwrap()
-        .material("outsider", "peer-ca")
-        .server_config();
+    let outsider = material(set.pki.as_ref().unwrap(), "outsider", "peer-ca").server_config();
     let body2 = empty_report("etcd-2");
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = axum::Router::new().route("/peer/report", get(move || async move { body2 }));
@@ -135,7 +144,7 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
     );
     tokio::spawn(impostor);
 
-    let decision = set.dry_run(0).await;
+    let decision = set.dry_run(0).await.unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap();
     assert!(
@@ -151,11 +160,13 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_silent_peers_mean_wait() {
-    let mut set = Set::new(Etcd::V3_5, 3).await;
+    let mut set = Set::new(STEWARD, Etcd::V3_5, 3).await.unwrap();
     for o in 0..3 {
-        set.set_dns(o, true);
+        set.set_dns(o, true).unwrap();
     }
-    fake_sidecar(&set, 1, "<html>not a report</html>".into()).await;
+    fake_sidecar(&set, 1, "<html>not a report</html>".into())
+        .await
+        .unwrap();
     // etcd-2 accepts connections and never answers.
     let silent = tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(set.pod(2).ip), 8080))
         .await
@@ -166,7 +177,7 @@ async fn garbage_and_silent_peers_mean_wait() {
             held.push(conn);
         }
     });
-    let decision = set.dry_run(0).await;
+    let decision = set.dry_run(0).await.unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap();
     assert!(
@@ -182,18 +193,18 @@ async fn garbage_and_silent_peers_mean_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_holding_another_clusters_data_means_wait() {
-    let mut set = Set::new(Etcd::V3_5, 3).await;
+    let mut set = Set::new(STEWARD, Etcd::V3_5, 3).await.unwrap();
     for o in 0..3 {
-        set.set_dns(o, true);
+        set.set_dns(o, true).unwrap();
     }
     let foreign = serde_json::json!({
         "name": "etcd-1", "has_data": true,
         "wal": {"member_id": "1234abcd", "cluster_id": "feedbeef"},
         "wal_error": null, "formation": null,
     });
-    fake_sidecar(&set, 1, foreign.to_string()).await;
-    fake_sidecar(&set, 2, empty_report("etcd-2")).await;
-    let decision = set.dry_run(0).await;
+    fake_sidecar(&set, 1, foreign.to_string()).await.unwrap();
+    fake_sidecar(&set, 2, empty_report("etcd-2")).await.unwrap();
+    let decision = set.dry_run(0).await.unwrap();
     assert_eq!(decision["action"], "wait", "{decision}");
     let reason = decision["reason"].as_str().unwrap();
     assert!(

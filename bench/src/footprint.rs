@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use harness::client::http_get;
+use harness::{Kind, Set};
 use tokio::time::Instant;
 
-use crate::set::{connect, Env, Kind, Set};
+use crate::env::{connect, Env};
 use crate::stats::{fmt_num, Figure, Target};
 
 pub struct Options {
@@ -60,19 +62,13 @@ async fn grpc_counts(set: &Set) -> Result<BTreeMap<String, f64>> {
     let mut out = BTreeMap::new();
     for o in 0..set.replicas {
         let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 2379);
-        let (status, body) = etcd_steward::http_get::get(
-            addr,
-            "bench",
-            "/metrics",
-            Duration::from_secs(3),
-            16 << 20,
-        )
-        .await
-        .map_err(|e| anyhow!("etcd metrics of pod {o}: {e}"))?;
+        let (status, body) = http_get(addr, "/metrics", Duration::from_secs(3), 16 << 20)
+            .await
+            .ok_or_else(|| anyhow!("etcd metrics of pod {o}: no answer within 3 s"))?;
         if status != 200 {
             return Err(anyhow!("etcd metrics of pod {o}: HTTP {status}"));
         }
-        for line in String::from_utf8_lossy(&body).lines() {
+        for line in body.lines() {
             let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else {
                 continue;
             };
@@ -143,12 +139,8 @@ fn per_hour(a: &[f64], b: &[f64], secs: f64) -> Vec<f64> {
 }
 
 pub async fn run(env: &Env, opts: &Options) -> Result<Vec<Figure>> {
-    let mut set = Set::new(env, Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    let mut set = env.set(Kind::Agent, 3).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     crate::load::small(&set, 0, 1000).await?;
     let tck = clk_tck();
     let pids: Vec<u32> = (0..3)
@@ -169,14 +161,7 @@ pub async fn run(env: &Env, opts: &Options) -> Result<Vec<Figure>> {
             while !stop.load(Ordering::Relaxed) {
                 for a in &addrs {
                     for path in ["/healthz", "/ready"] {
-                        let _ = etcd_steward::http_get::get(
-                            *a,
-                            "kubelet",
-                            path,
-                            Duration::from_secs(1),
-                            4096,
-                        )
-                        .await;
+                        let _ = http_get(*a, path, Duration::from_secs(1), 4096).await;
                     }
                 }
                 tokio::time::sleep(Duration::from_secs(10)).await;

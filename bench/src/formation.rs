@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use harness::Kind;
 use tokio::time::Instant;
 
-use crate::set::{Env, Kind, Set};
+use crate::env::Env;
 use crate::stats::{Figure, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -51,11 +52,11 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
 
 /// (all /ready, all answer a linearizable read), in seconds from spawning the processes.
 async fn agent(env: &Env) -> Result<(f64, f64)> {
-    let mut set = Set::new(env, Kind::Agent, 3).await?;
+    let mut set = env.set(Kind::Agent, 3).await?;
     set.publish(&PODS).await?;
     let t0 = Instant::now();
     for o in PODS {
-        set.start_agent(o)?;
+        set.start(o)?;
     }
     let (mut ready, mut etcd) = (None, None);
     loop {
@@ -72,7 +73,7 @@ async fn agent(env: &Env) -> Result<(f64, f64)> {
         if t0.elapsed() > TIMEOUT {
             bail!(
                 "agent formation not done after {TIMEOUT:?}; logs in {}",
-                set.root_path.display()
+                set.root().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -80,7 +81,7 @@ async fn agent(env: &Env) -> Result<(f64, f64)> {
 }
 
 async fn plain(env: &Env) -> Result<f64> {
-    let mut set = Set::new(env, Kind::Plain, 3).await?;
+    let mut set = env.set(Kind::Plain, 3).await?;
     set.publish(&PODS).await?;
     let t0 = Instant::now();
     for o in PODS {
@@ -95,7 +96,7 @@ async fn plain(env: &Env) -> Result<f64> {
         if t0.elapsed() > TIMEOUT {
             bail!(
                 "plain formation not done after {TIMEOUT:?}; logs in {}",
-                set.root_path.display()
+                set.root().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

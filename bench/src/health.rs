@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use harness::procs::signal;
+use harness::{Kind, Set};
 
-use crate::set::{signal, Env, Kind, Set};
+use crate::env::Env;
 use crate::stats::{Figure, Target};
 
 pub const WRK_THREADS: u32 = 1;
@@ -120,12 +122,8 @@ async fn expect_status(set: &Set, path: &str, want: u16) -> Result<()> {
 }
 
 pub async fn run(env: &Env, secs: u64) -> Result<Vec<Figure>> {
-    let mut set = Set::new(env, Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    let mut set = env.set(Kind::Agent, 3).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     let base = format!("http://{}:8080", set.pod(0).ip);
     let mut figures = Vec::new();
     let mut measure = |cond: &str, r: WrkResult, path: &str| {
@@ -170,8 +168,8 @@ pub async fn run(env: &Env, secs: u64) -> Result<Vec<Figure>> {
     }
 
     // No quorum: the two other pods are gone.
-    set.kill(1).await;
-    set.kill(2).await;
+    set.kill_processes(1).await;
+    set.kill_processes(2).await;
     expect_status(&set, "/ready", 503).await?;
     expect_status(&set, "/healthz", 200).await?;
     for path in ["/healthz", "/ready"] {

@@ -4,9 +4,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use etcd_client::{Client, Txn, TxnOp};
+use harness::Set;
 use tokio::task::JoinSet;
 
-use crate::set::{connect, Set};
+use crate::env::connect;
 
 pub const PREFIX: &str = "bench/";
 pub const VALUE_BYTES: usize = 1024;

@@ -9,6 +9,7 @@
 //! `--smoke`: one short run of every scenario with tiny data, written to a scratch
 //! directory; exits non-zero if the machinery is broken (targets are not judged).
 
+mod env;
 mod footprint;
 mod formation;
 mod health;
@@ -18,7 +19,6 @@ mod plot;
 mod replacement;
 mod report;
 mod restart;
-mod set;
 mod startup;
 mod stats;
 
@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Serialize;
 
-use set::Env;
+use env::Env;
 use stats::Figure;
 
 const SCENARIOS: &[&str] = &[
@@ -212,7 +212,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             eprintln!("bench: interrupted; stopping every process it started");
-            set::kill_all_children();
+            harness::procs::kill_all_children();
             std::process::exit(130);
         }
     });

@@ -10,12 +10,14 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, bail, Result};
 use etcd_client::{Client, MemberAddOptions};
+use harness::client::http_get;
+use harness::{Kind, PlainStart, Set};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::env::{connect, Env};
 use crate::load::{self, log_time, secs_since};
-use crate::set::{connect, Env, Kind, PlainStart, Set};
 use crate::stats::{Figure, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -201,12 +203,8 @@ fn lag_of(ev: &Events) -> f64 {
 }
 
 async fn up(env: &Env, kind: Kind, bytes: u64) -> Result<Set> {
-    let mut set = Set::new(env, kind, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    let mut set = env.set(kind, 3).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     set.changed();
     let t = Instant::now();
     let keys = load::fill(&set, bytes).await?;
@@ -234,7 +232,7 @@ async fn prepare(set: &mut Set) -> Result<(u32, u64, u32)> {
         .find(|o| *o != leader)
         .ok_or_else(|| anyhow!("no follower"))?;
     let old = set.member_id(o).await?;
-    set.kill(o).await;
+    set.kill_processes(o).await;
     set.withdraw(&[o]).await?;
     set.wipe(o)?;
     let others: Vec<u32> = (0..set.replicas).filter(|p| *p != o).collect();
@@ -344,19 +342,11 @@ struct Progress {
 }
 
 async fn raft_progress(addr: SocketAddr) -> Option<Progress> {
-    let (status, body) = etcd_steward::http_get::get(
-        addr,
-        "bench",
-        "/debug/vars",
-        Duration::from_millis(500),
-        4 << 20,
-    )
-    .await
-    .ok()?;
+    let (status, body) = http_get(addr, "/debug/vars", Duration::from_millis(500), 4 << 20).await?;
     if status != 200 {
         return None;
     }
-    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
     let raft = &v["raft.status"];
     let id = |s: &str| u64::from_str_radix(s, 16).ok();
     let matches: HashMap<u64, u64> = raft["progress"]
@@ -392,7 +382,7 @@ async fn agent(set: &mut Set, keys: u64) -> Result<(Events, Vec<Sample>)> {
     let t0 = Instant::now();
     let t0_wall = SystemTime::now();
     let sampler = Sampler::start(set, leader, o, old, t0);
-    set.start_agent(o)?;
+    set.start(o)?;
     let (mut done, mut ready) = (None, None);
     while done.is_none() || ready.is_none() {
         if done.is_none() && set.linearizable_ok(o).await {
@@ -404,7 +394,7 @@ async fn agent(set: &mut Set, keys: u64) -> Result<(Events, Vec<Sample>)> {
         if t0.elapsed() > TIMEOUT {
             bail!(
                 "agent replacement not done after {TIMEOUT:?}; logs in {}",
-                set.root_path.display()
+                set.root().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -462,7 +452,7 @@ async fn plain(set: &mut Set, keys: u64) -> Result<(Events, Vec<Sample>)> {
         .iter()
         .flat_map(|m| {
             let name = match set.ordinal_of(m) {
-                Some(p) => Set::name(p),
+                Some(p) => set.member_name(p),
                 None => m.name().to_string(),
             };
             m.peer_urls()

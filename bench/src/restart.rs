@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use harness::{Kind, Set};
 use tokio::time::Instant;
 
+use crate::env::Env;
 use crate::load;
-use crate::set::{Env, Kind, Set};
 use crate::stats::{Figure, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -54,12 +55,8 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
 }
 
 async fn up(env: &Env, kind: Kind) -> Result<Set> {
-    let mut set = Set::new(env, kind, 3).await?;
-    set.publish(&PODS).await?;
-    for o in PODS {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    let mut set = env.set(kind, 3).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     load::small(&set, 0, 1000).await?;
     Ok(set)
 }
@@ -70,7 +67,7 @@ async fn up(env: &Env, kind: Kind) -> Result<Set> {
 async fn restart(set: &mut Set) -> Result<(f64, f64)> {
     set.wait_up(Duration::from_secs(60)).await?;
     for o in PODS {
-        set.kill(o).await;
+        set.kill_processes(o).await;
     }
     set.withdraw(&PODS).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -112,7 +109,7 @@ async fn restart(set: &mut Set) -> Result<(f64, f64)> {
             bail!(
                 "{:?} restart not done after {TIMEOUT:?}; logs in {}",
                 set.kind,
-                set.root_path.display()
+                set.root().display()
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

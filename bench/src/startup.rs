@@ -8,10 +8,12 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use harness::procs::signal;
+use harness::{Kind, Set};
 use tokio::process::Command;
 
+use crate::env::Env;
 use crate::load::{first_log_time, log_time, secs_since};
-use crate::set::{signal, Env, Kind, Set};
 use crate::stats::{median, Figure, Target};
 
 pub const FAKE_ETCD_ENV: &str = "BENCH_FAKE_ETCD_OUT";
@@ -39,8 +41,8 @@ struct Timing {
 }
 
 async fn once(env: &Env, set: &Set, o: u32, direct: bool) -> Result<Timing> {
-    let out = set.root_path.join("fake-etcd.out");
-    let log = set.root_path.join("startup-init.log");
+    let out = set.root().join("fake-etcd.out");
+    let log = set.root().join("startup-init.log");
     let _ = std::fs::remove_file(&out);
     let mut cmd = if direct {
         Command::new(&env.me)
@@ -118,18 +120,14 @@ async fn series(
 }
 
 pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
-    let mut set = Set::new(env, Kind::Agent, 3).await?;
-    set.publish(&[0, 1, 2]).await?;
-    for o in 0..3 {
-        set.start(o)?;
-    }
-    set.wait_up(Duration::from_secs(90)).await?;
+    let mut set = env.set(Kind::Agent, 3).await?;
+    set.start_all(Duration::from_secs(90)).await?;
     crate::load::small(&set, 0, 100).await?;
     let leader = set.leader().await?;
     let o = (0..3).rev().find(|o| *o != leader).unwrap_or(2);
     let others: Vec<u32> = (0..3).filter(|p| *p != o).collect();
     // Pod o's etcd is gone; its volume keeps its data and its name stays published.
-    set.kill(o).await;
+    set.kill_processes(o).await;
     check_has_wal(set.data_dir(o))?;
 
     let mut floor = Vec::new();
@@ -175,7 +173,7 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
     }
 
     for p in &others {
-        set.kill(*p).await;
+        set.kill_processes(*p).await;
     }
     set.withdraw(&others).await?;
     figures.push(

@@ -17,20 +17,26 @@
 //! removes it all synchronously (containers, networks, volumes) even when the test failed,
 //! after printing the containers' logs.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//!
+//! Like an assertion, a Docker pod that cannot be made fails its scenario: the methods panic
+//! with Docker's own words rather than return errors.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_client::{Client, GetOptions};
 use tokio::process::Command;
 use tokio::time::Instant;
 
+use crate::client::{http_get, Clients};
+use crate::writer::write_key;
+use crate::{logs, Etcd};
+
+/// The test image `images/build-test-image.sh` builds.
 pub const DEFAULT_IMAGE: &str = "etcd-steward:test";
 /// Where Debian's etcd 3.4 is mounted in a pod that runs it.
 const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
@@ -40,6 +46,7 @@ const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
 static SLOTS_INIT: std::sync::Once = std::sync::Once::new();
 
+/// How many scenarios may run at once.
 pub fn parallelism() -> u32 {
     std::env::var("STEWARD_FAULT_PARALLEL")
         .ok()
@@ -52,9 +59,13 @@ pub fn parallelism() -> u32 {
 pub async fn slot(exclusive: bool) -> tokio::sync::SemaphorePermit<'static> {
     SLOTS_INIT.call_once(|| SLOTS.add_permits(parallelism() as usize));
     let n = if exclusive { parallelism() } else { 1 };
-    SLOTS.acquire_many(n).await.unwrap()
+    SLOTS
+        .acquire_many(n)
+        .await
+        .unwrap_or_else(|e| panic!("the scenario slots: {e}"))
 }
 
+/// The image pods run: `STEWARD_TEST_IMAGE`, or [`DEFAULT_IMAGE`].
 pub fn image() -> String {
     std::env::var("STEWARD_TEST_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.to_string())
 }
@@ -116,29 +127,14 @@ fn docker_sync(args: &[&str]) -> String {
 
 // ---- etcd versions ---------------------------------------------------------------------
 
-/// Which etcd a pod runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Etcd {
-    /// The image's /usr/local/bin/etcd (3.5.1).
-    V3_5,
-    /// Debian's etcd 3.4.23 from the host (`ETCD_3_4_BIN`, default /usr/bin/etcd), mounted
-    /// into the pod with the shared libraries it links (it is a dynamic Go binary).
-    V3_4,
-}
-
 /// `-v` options that put the host's etcd 3.4 and its shared libraries into a pod.
 async fn etcd_3_4_mounts() -> Vec<String> {
-    let bin = std::env::var("ETCD_3_4_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
-    assert!(
-        std::path::Path::new(&bin).exists(),
-        "etcd 3.4 not found at {bin}: run scripts/install-test-deps.sh (Debian's etcd-server) \
-         or set ETCD_3_4_BIN"
-    );
+    let bin = Etcd::V3_4.bin().display().to_string();
     let out = Command::new("ldd")
         .arg(&bin)
         .output()
         .await
-        .expect("ldd must be installed");
+        .unwrap_or_else(|e| panic!("ldd must be installed: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
     let mut mounts = vec![format!("{bin}:{ETCD_3_4_IN_POD}:ro")];
     if text.contains("not a dynamic executable") || !out.status.success() {
@@ -192,22 +188,23 @@ async fn create_network(name: &str, run: &str) -> u8 {
     panic!("no free 10.213.N.0/24 for network {name}: {last}");
 }
 
-#[derive(Debug, Clone)]
-struct PodSpec {
-    etcd: Etcd,
-}
-
+/// One scenario's pods, networks and volumes (see the module's documentation).
 pub struct Cluster {
     /// Prefix of every container, network and volume name of this scenario.
     pub run: String,
+    /// `--replicas`.
     pub replicas: u32,
+    /// `--learner-stall-timeout`, when given.
     pub stall_timeout: Option<String>,
+    /// The cluster network (a partition cuts it).
     pub net: String,
+    /// The management network the test reaches pods on.
     pub mgmt: String,
     mgmt_octet: u8,
-    pods: BTreeMap<u32, PodSpec>,
+    pods: BTreeSet<u32>,
     mounts_3_4: Vec<String>,
     started: Instant,
+    clients: Clients,
 }
 
 /// What `/ready` and friends answered.
@@ -237,12 +234,19 @@ impl Cluster {
             net,
             mgmt,
             mgmt_octet,
-            pods: BTreeMap::new(),
+            pods: BTreeSet::new(),
             mounts_3_4: Vec::new(),
             started: Instant::now(),
+            clients: Clients::new(
+                Duration::from_millis(500),
+                Duration::from_secs(2),
+                None,
+                false,
+            ),
         }
     }
 
+    /// Logs a step of the scenario, with the time since it began.
     pub fn say(&self, what: &str) {
         log(
             &self.run,
@@ -250,15 +254,19 @@ impl Cluster {
         );
     }
 
+    /// Pod `o`'s stable name.
     pub fn host(&self, o: u32) -> String {
         format!("etcd-{o}.etcd.default.svc.cluster.local")
     }
+    /// Pod `o`'s etcd container.
     pub fn etcd_ctr(&self, o: u32) -> String {
         format!("{}-etcd-{o}", self.run)
     }
+    /// Pod `o`'s sidecar container.
     pub fn steward_ctr(&self, o: u32) -> String {
         format!("{}-steward-{o}", self.run)
     }
+    /// Pod `o`'s volume.
     pub fn volume(&self, o: u32) -> String {
         format!("{}-data-{o}", self.run)
     }
@@ -266,11 +274,13 @@ impl Cluster {
     pub fn ip(&self, o: u32) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.mgmt_octet, 10 + o as u8)
     }
+    /// Pod `o`'s etcd client URL on the management network.
     pub fn client_url(&self, o: u32) -> String {
         format!("http://{}:2379", self.ip(o))
     }
+    /// The pods created so far.
     pub fn ordinals(&self) -> Vec<u32> {
-        self.pods.keys().copied().collect()
+        self.pods.iter().copied().collect()
     }
 
     fn common_args(&self, o: u32) -> Vec<String> {
@@ -310,10 +320,14 @@ impl Cluster {
 
     /// As [`Self::create_etcd_container`], passing `etcd_args` to etcd (`init -- ARGS`).
     pub async fn create_etcd_container_with(&mut self, o: u32, etcd: Etcd, etcd_args: &[&str]) {
+        assert!(
+            !etcd.tls(),
+            "Docker pods run without TLS; {etcd:?} is a loopback set's"
+        );
         if etcd == Etcd::V3_4 && self.mounts_3_4.is_empty() {
             self.mounts_3_4 = etcd_3_4_mounts().await;
         }
-        self.pods.insert(o, PodSpec { etcd });
+        self.pods.insert(o);
         let vol = self.volume(o);
         if docker(&["volume", "inspect", &vol]).await.is_err() {
             let mut args = vec!["volume".to_string(), "create".to_string()];
@@ -470,6 +484,7 @@ impl Cluster {
         self.say(&format!("pod {o} reconnected to the cluster network"));
     }
 
+    /// Whether a container runs.
     pub async fn running(&self, container: &str) -> bool {
         docker(&["inspect", "-f", "{{.State.Running}}", container])
             .await
@@ -479,57 +494,50 @@ impl Cluster {
 
     // ---- talking to pods ---------------------------------------------------------------
 
+    /// A client to pod `o`'s etcd (kept while it works).
     pub async fn client(&self, o: u32) -> Client {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_millis(500))
-            .with_timeout(Duration::from_secs(2));
-        Client::connect([self.client_url(o)], Some(opts))
-            .await
-            .unwrap()
+        let url = self.client_url(o);
+        match self.clients.get(&url).await {
+            Ok(c) => c,
+            Err(e) => panic!("a client of pod {o}: {e}"),
+        }
     }
 
     /// GET from a pod's sidecar: (status, body), None when it does not answer.
     pub async fn http(&self, o: u32, path: &str) -> HttpAnswer {
         let addr = SocketAddr::new(IpAddr::V4(self.ip(o)), 8080);
-        etcd_steward::http_get::get(addr, "x", path, Duration::from_secs(2), 1 << 20)
-            .await
-            .ok()
-            .map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
+        http_get(addr, path, Duration::from_secs(2), 1 << 20).await
     }
 
+    /// Whether pod `o`'s sidecar says ready.
     pub async fn ready(&self, o: u32) -> bool {
         matches!(self.http(o, "/ready").await, Some((200, _)))
     }
 
+    /// Pod `o`'s status, `None` when it does not answer.
     pub async fn status(&self, o: u32) -> Option<etcd_client::StatusResponse> {
-        let mut c = self.client(o).await;
-        tokio::time::timeout(Duration::from_secs(3), c.status())
-            .await
-            .ok()?
-            .ok()
+        self.clients.status(&self.client_url(o)).await.ok()
     }
 
+    /// Pod `o`'s member ID, 0 when it does not answer.
     pub async fn member_id(&self, o: u32) -> u64 {
-        self.status(o)
+        self.clients
+            .member_id(&self.client_url(o))
             .await
-            .and_then(|s| s.header().map(|h| h.member_id()))
             .unwrap_or_default()
     }
 
+    /// The ID of pod `o`'s cluster, 0 when it does not answer.
     pub async fn cluster_id(&self, o: u32) -> u64 {
-        self.status(o)
+        self.clients
+            .cluster_id(&self.client_url(o))
             .await
-            .and_then(|s| s.header().map(|h| h.cluster_id()))
             .unwrap_or_default()
     }
 
+    /// The member list as pod `o` sees it, `None` when it does not answer.
     pub async fn members(&self, o: u32) -> Option<Vec<etcd_client::Member>> {
-        let mut c = self.client(o).await;
-        tokio::time::timeout(Duration::from_secs(3), c.member_list())
-            .await
-            .ok()?
-            .ok()
-            .map(|r| r.members().to_vec())
+        self.clients.members(&self.client_url(o)).await.ok()
     }
 
     /// The ordinal of the pod whose etcd leads, as every answering pod sees it.
@@ -545,6 +553,7 @@ impl Cluster {
         None
     }
 
+    /// Waits until some pod leads; its ordinal.
     pub async fn wait_leader(&self, timeout: Duration) -> u32 {
         let deadline = Instant::now() + timeout;
         loop {
@@ -604,7 +613,7 @@ impl Cluster {
             .stdin(Stdio::null())
             .output()
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("cannot run docker logs {container}: {e}"));
         format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -614,7 +623,7 @@ impl Cluster {
 
     /// The `action` of every init round the pod's current etcd container logged.
     pub async fn decisions(&self, o: u32) -> Vec<String> {
-        parse_decisions(&self.logs(&self.etcd_ctr(o)).await)
+        logs::decisions(&self.logs(&self.etcd_ctr(o)).await)
     }
 
     /// Asserts that the init rounds pod `o` logged after the first `before` only restarted
@@ -646,10 +655,15 @@ impl Cluster {
                 .status(*o)
                 .await
                 .unwrap_or_else(|| panic!("pod {o} answers status"));
-            let h = s.header().unwrap();
+            let h = s
+                .header()
+                .unwrap_or_else(|| panic!("pod {o} answered a status without header"));
             cids.insert(h.cluster_id());
             leaders.insert(s.leader());
-            let ms = self.members(*o).await.unwrap();
+            let ms = self
+                .members(*o)
+                .await
+                .unwrap_or_else(|| panic!("pod {o} answers its member list"));
             assert!(
                 ms.iter().all(|m| !m.is_learner()),
                 "pod {o} sees a learner: {ms:?}"
@@ -676,20 +690,21 @@ impl Cluster {
         self.check_writes(pods, acked).await;
         self.say(&format!(
             "checked: pods {pods:?} ready voters, one cluster {:x}, {acked} acknowledged writes on every member",
-            cids.first().unwrap()
+            cids.first().copied().unwrap_or_default()
         ));
     }
 
+    /// Every acknowledged write `0..acked` is readable, and on every pod's own copy.
     pub async fn check_writes(&self, pods: &[u32], acked: u64) {
         let mut c = self.client(pods[0]).await;
         let got = c
             .get("w/", Some(GetOptions::new().with_prefix().with_keys_only()))
             .await
-            .expect("linearizable read of every write");
+            .unwrap_or_else(|e| panic!("linearizable read of every write: {e}"));
         let present: BTreeSet<String> = got
             .kvs()
             .iter()
-            .map(|kv| kv.key_str().unwrap().to_string())
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
             .collect();
         let lost: Vec<u64> = (0..acked)
             .filter(|i| !present.contains(&write_key(*i)))
@@ -768,19 +783,13 @@ impl Cluster {
         for name in names {
             let logs = docker_sync(&["logs", name]);
             // etcd-steward's own lines in full (they are few), etcd's last lines.
-            let steward: Vec<&str> = logs
-                .lines()
-                .filter(|l| l.contains("\"message\":\""))
-                .collect();
-            let etcd: Vec<&str> = logs
-                .lines()
-                .filter(|l| !l.contains("\"message\":\""))
-                .collect();
+            let (steward, etcd): (Vec<&str>, Vec<&str>) =
+                logs.lines().partition(|l| logs::is_steward_line(l));
             out.push_str(&format!(
                 "\n----- {name}: etcd-steward ({} lines, last 60) -----\n",
                 steward.len()
             ));
-            for l in steward.iter().skip(steward.len().saturating_sub(60)) {
+            for l in logs::last(&steward, 60) {
                 out.push_str(l);
                 out.push('\n');
             }
@@ -789,7 +798,7 @@ impl Cluster {
                     "----- {name}: etcd ({} lines, last 40) -----\n",
                     etcd.len()
                 ));
-                for l in etcd.iter().skip(etcd.len().saturating_sub(40)) {
+                for l in logs::last(&etcd, 40) {
                     out.push_str(l);
                     out.push('\n');
                 }
@@ -894,147 +903,6 @@ fn cleanup_sync(run: &str) {
     }
 }
 
-pub fn parse_decisions(logs: &str) -> Vec<String> {
-    logs.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "decision" || v["message"] == "waiting")
-        .filter_map(|v| v["action"].as_str().map(String::from))
-        .collect()
-}
-
 fn log(run: &str, what: &str) {
     let _ = writeln!(std::io::stderr(), "[{run}] {what}");
-}
-
-// ---- the writer ------------------------------------------------------------------------
-
-pub fn write_key(i: u64) -> String {
-    format!("w/{i:08}")
-}
-
-/// Writes `w/<n>` one after another (about 100 a second) through every given endpoint in
-/// turn, counting a write only once etcd acknowledged it. A write that failed is retried
-/// with the same key through the next endpoint.
-pub struct Writer {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<WriterReport>,
-    acked: Arc<std::sync::atomic::AtomicU64>,
-}
-
-#[derive(Debug, Clone)]
-pub struct WriterReport {
-    /// Writes 0..acked were acknowledged.
-    pub acked: u64,
-    pub failures: u64,
-    /// The longest time between two acknowledgements (or the start and the first).
-    pub max_gap: Duration,
-    /// When that gap ended, since the writer started.
-    pub max_gap_at: Duration,
-    pub last_error: String,
-}
-
-impl Writer {
-    pub fn start(endpoints: Vec<String>) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let task = {
-            let (stop, acked) = (stop.clone(), acked.clone());
-            tokio::spawn(async move { write_loop(endpoints, stop, acked).await })
-        };
-        Writer { stop, task, acked }
-    }
-
-    pub fn acked(&self) -> u64 {
-        self.acked.load(Ordering::SeqCst)
-    }
-
-    /// Waits until `n` more writes than now are acknowledged.
-    pub async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
-        let target = self.acked() + n;
-        let deadline = Instant::now() + timeout;
-        while self.acked() < target {
-            assert!(
-                Instant::now() < deadline,
-                "the writer made no progress ({what}): {} acknowledged, wanted {target}",
-                self.acked()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub async fn stop(self) -> WriterReport {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("the writer task")
-    }
-}
-
-async fn write_loop(
-    endpoints: Vec<String>,
-    stop: Arc<AtomicBool>,
-    acked: Arc<std::sync::atomic::AtomicU64>,
-) -> WriterReport {
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_millis(300))
-        .with_timeout(Duration::from_secs(2));
-    let mut clients = Vec::new();
-    for ep in &endpoints {
-        clients.push(
-            Client::connect([ep.as_str()], Some(opts.clone()))
-                .await
-                .expect("a lazy client"),
-        );
-    }
-    let started = Instant::now();
-    let mut last_ack = started;
-    let mut report = WriterReport {
-        acked: 0,
-        failures: 0,
-        max_gap: Duration::ZERO,
-        max_gap_at: Duration::ZERO,
-        last_error: String::new(),
-    };
-    let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
-    let mut turn = 0usize;
-    let mut i = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        // The next endpoint that has not failed in the last second (any, if all have).
-        let n = clients.len();
-        let mut pick = turn % n;
-        for k in 0..n {
-            let idx = (turn + k) % n;
-            if failed_at[idx].is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                pick = idx;
-                break;
-            }
-        }
-        turn = pick + 1;
-        let put = clients[pick].put(write_key(i), i.to_string(), None);
-        match tokio::time::timeout(Duration::from_millis(2500), put).await {
-            Ok(Ok(_)) => {
-                let now = Instant::now();
-                if now - last_ack > report.max_gap {
-                    report.max_gap = now - last_ack;
-                    report.max_gap_at = now - started;
-                }
-                last_ack = now;
-                i += 1;
-                acked.store(i, Ordering::SeqCst);
-                failed_at[pick] = None;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(Err(e)) => {
-                report.failures += 1;
-                report.last_error = format!("{}: {e}", endpoints[pick]);
-                failed_at[pick] = Some(Instant::now());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(_) => {
-                report.failures += 1;
-                report.last_error = format!("{}: no answer within 2.5 s", endpoints[pick]);
-                failed_at[pick] = Some(Instant::now());
-            }
-        }
-    }
-    report.acked = i;
-    report
 }

@@ -11,12 +11,24 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
+use crate::{Error, Result};
+
+/// The certificates of one set, as files in `dir`.
 pub struct Pki {
+    /// Where the PEM files are.
     pub dir: PathBuf,
 }
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+fn rcgen_failed(e: rcgen::Error) -> Error {
+    Error::Failed(format!("generating a test certificate: {e}"))
+}
+
+fn write(path: PathBuf, pem: String) -> Result<()> {
+    std::fs::write(&path, pem).map_err(Error::io(format!("writing {}", path.display())))
+}
+
+fn ca(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_failed)?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![
@@ -24,11 +36,17 @@ fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+    CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(rcgen_failed)?)
+        .map_err(rcgen_failed)
 }
 
-fn leaf(dir: &Path, name: &str, sans: &[String], issuer: &CertifiedIssuer<'static, KeyPair>) {
-    let mut params = CertificateParams::new(sans.to_vec()).unwrap();
+fn leaf(
+    dir: &Path,
+    name: &str,
+    sans: &[String],
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+) -> Result<()> {
+    let mut params = CertificateParams::new(sans.to_vec()).map_err(rcgen_failed)?;
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
@@ -38,35 +56,36 @@ fn leaf(dir: &Path, name: &str, sans: &[String], issuer: &CertifiedIssuer<'stati
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, issuer).unwrap();
-    std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-    std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem()).unwrap();
+    let key = KeyPair::generate().map_err(rcgen_failed)?;
+    let cert = params.signed_by(&key, issuer).map_err(rcgen_failed)?;
+    write(dir.join(format!("{name}.pem")), cert.pem())?;
+    write(dir.join(format!("{name}-key.pem")), key.serialize_pem())
 }
 
 impl Pki {
     /// Writes `{client,peer}-ca.pem`, `{client,peer,outsider}.pem` and their keys.
-    pub fn generate(dir: &Path, service: &str, namespace: &str, domain: &str) -> Pki {
-        std::fs::create_dir_all(dir).unwrap();
+    pub fn generate(dir: &Path, service: &str, namespace: &str, domain: &str) -> Result<Pki> {
+        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         let sans = vec![
             format!("*.{service}.{namespace}.svc.{domain}"),
             format!("{service}.{namespace}.svc.{domain}"),
             "localhost".to_string(),
             "127.0.0.1".to_string(),
         ];
-        let client_ca = ca("etcd client CA");
-        let peer_ca = ca("etcd peer CA");
-        let other_ca = ca("someone else's CA");
-        std::fs::write(dir.join("client-ca.pem"), client_ca.pem()).unwrap();
-        std::fs::write(dir.join("peer-ca.pem"), peer_ca.pem()).unwrap();
-        leaf(dir, "client", &sans, &client_ca);
-        leaf(dir, "peer", &sans, &peer_ca);
-        leaf(dir, "outsider", &sans, &other_ca);
-        Pki {
+        let client_ca = ca("etcd client CA")?;
+        let peer_ca = ca("etcd peer CA")?;
+        let other_ca = ca("someone else's CA")?;
+        write(dir.join("client-ca.pem"), client_ca.pem())?;
+        write(dir.join("peer-ca.pem"), peer_ca.pem())?;
+        leaf(dir, "client", &sans, &client_ca)?;
+        leaf(dir, "peer", &sans, &peer_ca)?;
+        leaf(dir, "outsider", &sans, &other_ca)?;
+        Ok(Pki {
             dir: dir.to_path_buf(),
-        }
+        })
     }
 
+    /// The path of one of the files, e.g. `peer-ca.pem`.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
@@ -85,24 +104,17 @@ impl Pki {
     }
 
     /// etcd-client TLS options for the member named `host`.
-    pub fn client_tls(&self, host: &str) -> etcd_client::TlsOptions {
-        let read = |f: &str| std::fs::read(self.path(f)).unwrap();
-        etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(read("client-ca.pem")))
+    pub fn client_tls(&self, host: &str) -> Result<etcd_client::TlsOptions> {
+        let read = |f: &str| {
+            let path = self.path(f);
+            std::fs::read(&path).map_err(Error::io(format!("reading {}", path.display())))
+        };
+        Ok(etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read("client-ca.pem")?))
             .identity(etcd_client::Identity::from_pem(
-                read("client.pem"),
-                read("client-key.pem"),
+                read("client.pem")?,
+                read("client-key.pem")?,
             ))
-            .domain_name(host)
-    }
-
-    /// A loaded certificate/key/CA triple, e.g. ("peer", "peer-ca") or ("outsider", "peer-ca").
-    pub fn material(&self, cert: &str, ca: &str) -> etcd_steward::tls::TlsMaterial {
-        etcd_steward::tls::TlsMaterial::load(&etcd_steward::tls::TlsFiles {
-            cert: self.path(&format!("{cert}.pem")),
-            key: self.path(&format!("{cert}-key.pem")),
-            ca: self.path(&format!("{ca}.pem")),
-        })
-        .unwrap()
+            .domain_name(host))
     }
 }

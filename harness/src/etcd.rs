@@ -1,0 +1,42 @@
+//! Which etcd a pod runs, and where its binary is on this machine.
+
+use std::path::PathBuf;
+
+/// Which etcd a scenario runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Etcd {
+    /// etcd 3.5.1 (`ETCD_3_5_BIN`, or `.tools/etcd-v3.5.1/etcd` of the repository; in
+    /// Docker, the image's own).
+    V3_5,
+    /// Debian's etcd 3.4.23 (`ETCD_3_4_BIN`, or /usr/bin/etcd).
+    V3_4,
+    /// etcd 3.5.1 with TLS for clients and peers (loopback only).
+    V3_5Tls,
+}
+
+impl Etcd {
+    /// Whether clients and peers talk TLS.
+    pub fn tls(self) -> bool {
+        self == Etcd::V3_5Tls
+    }
+
+    /// The binary on this machine; panics naming how to install it when it is missing
+    /// (CI installs both with `scripts/install-test-deps.sh`).
+    pub fn bin(self) -> PathBuf {
+        let (var, default) = match self {
+            Etcd::V3_5 | Etcd::V3_5Tls => (
+                "ETCD_3_5_BIN",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/etcd-v3.5.1/etcd"),
+            ),
+            Etcd::V3_4 => ("ETCD_3_4_BIN", "/usr/bin/etcd"),
+        };
+        let path = std::env::var_os(var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(default));
+        assert!(
+            path.exists(),
+            "etcd for {self:?} not found at {path:?}: run .ci/run (or scripts/install-test-deps.sh) or set {var}"
+        );
+        path
+    }
+}

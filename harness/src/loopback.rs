@@ -1,0 +1,950 @@
+//! A loopback "StatefulSet": a dnsmasq serving the pods' stable names on 127.0.N.1 (a name
+//! resolves only while it is published), and per pod either the agent (a `sidecar`
+//! process, and `init`, which execs real etcd) or a plain etcd started by hand with a
+//! static command line (the benchmark's baseline). etcd of both kinds runs in a private
+//! mount namespace whose /etc/resolv.conf names that dnsmasq, so both resolve the same
+//! names through the same server. Each set has its own 127.0.N.0/24; pod `o` is 127.0.N.(10+o).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, Member, StatusResponse};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::client::{http_get, Clients};
+use crate::dns::{Answer, Dnsmasq, DOMAIN};
+use crate::pki::Pki;
+use crate::{logs, procs, Error, Etcd, Result};
+
+/// The headless service (and the prefix of every pod's name).
+pub const SERVICE: &str = "etcd";
+
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// The next third octet of `count` starting at `base` (127.0.N.0/24), in turn.
+pub fn next_net(base: u8, count: u8) -> u8 {
+    let n = NEXT_NET.fetch_add(1, Ordering::SeqCst) % u32::from(count.max(1));
+    base.saturating_add(n as u8)
+}
+
+/// What a pod runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// etcd-steward `init` + `sidecar` per pod.
+    Agent,
+    /// etcd started by hand with a static command line.
+    Plain,
+}
+
+/// How a plain etcd starts.
+pub enum PlainStart {
+    /// A new cluster from the full static `--initial-cluster` (also used to restart: etcd
+    /// ignores the initial-cluster flags when its data directory holds a WAL).
+    New,
+    /// Joining a running cluster (after MemberAdd) with this `--initial-cluster`.
+    Existing(String),
+}
+
+/// When a set's directory (logs and data) outlives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// When the scenario failed: the thread panics (a test).
+    OnPanic,
+    /// When [`Set::shutdown`] was not reached (a benchmark scenario that returned an error).
+    UnlessShutDown,
+    /// Always.
+    Always,
+}
+
+/// How to build a [`Set`].
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The `etcd-steward` binary.
+    pub steward: PathBuf,
+    /// The etcd binary.
+    pub etcd: PathBuf,
+    /// TLS for clients and peers (a [`Pki`] is generated).
+    pub tls: bool,
+    /// `--replicas`: the initial size; pods can be added beyond it.
+    pub replicas: u32,
+    /// The third octet of the set's network.
+    pub net: u8,
+    /// Prefix of the set's temporary directory.
+    pub dir_prefix: String,
+    /// `ETCD_STEWARD_LOG` of the agent's processes.
+    pub log_filter: String,
+    /// `--learner-stall-timeout`, when given.
+    pub stall_timeout: Option<String>,
+    /// When the set's directory is kept.
+    pub keep: Keep,
+    /// Connect time-out of the etcd clients.
+    pub connect_timeout: Duration,
+    /// Call time-out of the etcd clients.
+    pub timeout: Duration,
+    /// Time-out of a GET from a sidecar.
+    pub http_timeout: Duration,
+    /// Keep one etcd client per pod (see [`Clients`]).
+    pub reuse_clients: bool,
+}
+
+impl Setup {
+    /// What the integration tests use: `etcd`'s binary, a fresh network from 127.0.20.0
+    /// on, logs at `STEWARD_TEST_LOG` (default info), the directory kept when a test fails.
+    pub fn for_tests(steward: impl Into<PathBuf>, etcd: Etcd, replicas: u32) -> Setup {
+        Setup {
+            steward: steward.into(),
+            etcd: etcd.bin(),
+            tls: etcd.tls(),
+            replicas,
+            net: next_net(20, 180),
+            dir_prefix: "steward-it-".into(),
+            log_filter: std::env::var("STEWARD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            stall_timeout: Some("5m".into()),
+            keep: Keep::OnPanic,
+            connect_timeout: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+            http_timeout: Duration::from_secs(2),
+            reuse_clients: false,
+        }
+    }
+}
+
+/// One pod: its address, its volume and its processes.
+pub struct Pod {
+    /// The pod's ordinal.
+    pub ordinal: u32,
+    /// Where its etcd and sidecar listen.
+    pub ip: Ipv4Addr,
+    /// Its volume.
+    pub data_dir: PathBuf,
+    /// `init` (which becomes etcd) or the plain etcd.
+    etcd: Option<Child>,
+    sidecar: Option<Child>,
+    /// Counts the pod's starts: each start logs to files of its own.
+    incarnation: u32,
+}
+
+/// A loopback StatefulSet (see the module's documentation).
+pub struct Set {
+    /// What each pod runs.
+    pub kind: Kind,
+    /// The etcd binary.
+    etcd: PathBuf,
+    steward: PathBuf,
+    /// `--replicas`.
+    pub replicas: u32,
+    /// The third octet of the set's network.
+    pub net: u8,
+    /// `--learner-stall-timeout` for every pod started from now on.
+    pub stall_timeout: Option<String>,
+    /// More etcd-steward options for every pod started from now on.
+    pub extra_args: Vec<String>,
+    /// The certificates, when the set talks TLS.
+    pub pki: Option<Pki>,
+    /// Every pod the set has, started or not.
+    pub pods: Vec<Pod>,
+    root: Option<tempfile::TempDir>,
+    root_path: PathBuf,
+    dns: Dnsmasq,
+    published: BTreeSet<u32>,
+    /// Names published at another pod's address than their own (DNS answering wrong).
+    wrong_addresses: BTreeMap<u32, Ipv4Addr>,
+    clients: Clients,
+    token: String,
+    log_filter: String,
+    http_timeout: Duration,
+    keep: Keep,
+    finished: bool,
+    last_change: Option<Instant>,
+}
+
+impl Set {
+    /// A set for an integration test ([`Setup::for_tests`]) with `replicas` initial pods.
+    pub async fn new(steward: impl Into<PathBuf>, etcd: Etcd, replicas: u32) -> Result<Set> {
+        Set::with(Setup::for_tests(steward, etcd, replicas), Kind::Agent).await
+    }
+
+    /// A set of `setup.replicas` pods of `kind`, none started; its DNS server answers.
+    pub async fn with(setup: Setup, kind: Kind) -> Result<Set> {
+        let net = setup.net;
+        let root = tempfile::Builder::new()
+            .prefix(&setup.dir_prefix)
+            .tempdir()
+            .map_err(Error::io("creating the set's directory"))?;
+        let root_path = root.path().to_path_buf();
+        let dns_ip = Ipv4Addr::new(127, 0, net, 1);
+        let resolv = root_path.join("resolv.conf");
+        std::fs::write(&resolv, format!("nameserver {dns_ip}\n"))
+            .map_err(Error::io(format!("writing {}", resolv.display())))?;
+        let dns = Dnsmasq::start(dns_ip, &root_path).await?;
+        let pki = match setup.tls {
+            true => Some(Pki::generate(
+                &root_path.join("pki"),
+                SERVICE,
+                "default",
+                DOMAIN,
+            )?),
+            false => None,
+        };
+        // Every pod's certificate is the same wildcard, so one name verifies them all.
+        let tls = match &pki {
+            Some(pki) => Some(pki.client_tls(&host(0))?),
+            None => None,
+        };
+        let mut set = Set {
+            kind,
+            etcd: setup.etcd,
+            steward: setup.steward,
+            replicas: setup.replicas,
+            net,
+            stall_timeout: setup.stall_timeout,
+            extra_args: Vec::new(),
+            pki,
+            pods: Vec::new(),
+            root: Some(root),
+            root_path,
+            dns,
+            published: BTreeSet::new(),
+            wrong_addresses: BTreeMap::new(),
+            clients: Clients::new(
+                setup.connect_timeout,
+                setup.timeout,
+                tls,
+                setup.reuse_clients,
+            ),
+            token: format!("harness-{net}-{}", std::process::id()),
+            log_filter: setup.log_filter,
+            http_timeout: setup.http_timeout,
+            keep: setup.keep,
+            finished: false,
+            last_change: None,
+        };
+        for o in 0..setup.replicas {
+            set.add_pod(o)?;
+        }
+        Ok(set)
+    }
+
+    // ---- names and places ----------------------------------------------------------------
+
+    /// The set's directory: logs, volumes, resolv.conf, certificates.
+    pub fn root(&self) -> &Path {
+        &self.root_path
+    }
+
+    /// The etcd binary pods run.
+    pub fn etcd_bin(&self) -> &Path {
+        &self.etcd
+    }
+
+    /// The DNS server's address.
+    pub fn dns_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(127, 0, self.net, 1)
+    }
+
+    /// Pod `o`'s stable name.
+    pub fn host(&self, o: u32) -> String {
+        host(o)
+    }
+
+    /// Pod `o`'s member name.
+    pub fn member_name(&self, o: u32) -> String {
+        format!("{SERVICE}-{o}")
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.pki.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Pod `o`'s peer URL, by name.
+    pub fn peer_url(&self, o: u32) -> String {
+        format!("{}://{}:2380", self.scheme(), self.host(o))
+    }
+
+    /// Pod `o`'s client URL, by address.
+    pub fn client_url(&self, o: u32) -> String {
+        format!("{}://{}:2379", self.scheme(), self.pod(o).ip)
+    }
+
+    /// Adds pod `o` (beyond the initial ones, for a scale-up); not started.
+    pub fn add_pod(&mut self, o: u32) -> Result<()> {
+        let dir = self.root_path.join(format!("pod-{o}"));
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        self.pods.push(Pod {
+            ordinal: o,
+            ip: Ipv4Addr::new(127, 0, self.net, 10 + o as u8),
+            data_dir: dir.join("data"),
+            etcd: None,
+            sidecar: None,
+            incarnation: 0,
+        });
+        Ok(())
+    }
+
+    /// Pod `o`; panics when the set has no such pod (a mistake in the scenario).
+    pub fn pod(&self, o: u32) -> &Pod {
+        match self.pods.iter().find(|p| p.ordinal == o) {
+            Some(p) => p,
+            None => panic!("the set has no pod {o}"),
+        }
+    }
+
+    fn pod_mut(&mut self, o: u32) -> &mut Pod {
+        match self.pods.iter_mut().find(|p| p.ordinal == o) {
+            Some(p) => p,
+            None => panic!("the set has no pod {o}"),
+        }
+    }
+
+    /// Pod `o`'s volume.
+    pub fn data_dir(&self, o: u32) -> &Path {
+        &self.pod(o).data_dir
+    }
+
+    // ---- DNS -------------------------------------------------------------------------------
+
+    fn write_hosts(&mut self) -> Result<()> {
+        let records: Vec<(Ipv4Addr, String)> = self
+            .published
+            .iter()
+            .map(|o| {
+                let ip = self
+                    .wrong_addresses
+                    .get(o)
+                    .copied()
+                    .unwrap_or(self.pod(*o).ip);
+                (ip, self.host(*o))
+            })
+            .collect();
+        self.dns.serve(&records)
+    }
+
+    /// Publishes (or withdraws) a pod's DNS name, as a headless service does while the pod
+    /// exists; dnsmasq reloads asynchronously.
+    pub fn set_dns(&mut self, o: u32, published: bool) -> Result<()> {
+        if published {
+            self.published.insert(o);
+        } else {
+            self.published.remove(&o);
+        }
+        self.write_hosts()
+    }
+
+    /// Publishes pod `o`'s name at `ip` (another pod's address: DNS answering wrong), or
+    /// at its own address again with `None`.
+    pub fn set_dns_address(&mut self, o: u32, ip: Option<Ipv4Addr>) -> Result<()> {
+        match ip {
+            Some(ip) => self.wrong_addresses.insert(o, ip),
+            None => self.wrong_addresses.remove(&o),
+        };
+        self.set_dns(o, true)
+    }
+
+    /// Publishes pods' names and waits until dnsmasq answers them (keeping its reload out
+    /// of whatever is measured next).
+    pub async fn publish(&mut self, pods: &[u32]) -> Result<()> {
+        self.published.extend(pods);
+        self.write_hosts()?;
+        for o in pods {
+            let want = Answer::Found(vec![IpAddr::V4(self.pod(*o).ip)]);
+            self.dns
+                .wait_answer(&self.host(*o), want, Duration::from_secs(10))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Withdraws pods' names (the pods are gone) and waits until they no longer resolve.
+    pub async fn withdraw(&mut self, pods: &[u32]) -> Result<()> {
+        for o in pods {
+            self.published.remove(o);
+        }
+        self.write_hosts()?;
+        for o in pods {
+            self.dns
+                .wait_answer(&self.host(*o), Answer::NotFound, Duration::from_secs(10))
+                .await?;
+        }
+        Ok(())
+    }
+
+    // ---- processes -------------------------------------------------------------------------
+
+    /// The etcd-steward options of pod `o` (both commands take them).
+    pub fn common_args(&self, o: u32) -> Vec<String> {
+        let pod = self.pod(o);
+        let mut args = vec![
+            format!("--name={}", self.member_name(o)),
+            format!("--replicas={}", self.replicas),
+            format!("--data-dir={}", pod.data_dir.display()),
+            format!("--listen-ip={}", pod.ip),
+            format!("--dns-server={}", self.dns.addr()),
+        ];
+        if let Some(t) = &self.stall_timeout {
+            args.push(format!("--learner-stall-timeout={t}"));
+        }
+        args.push(format!("--cluster-domain={DOMAIN}"));
+        args.extend(self.pki.iter().flat_map(Pki::args));
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    /// Where the current start of pod `o` logs the output of `what` (`init`, `sidecar`,
+    /// `etcd`).
+    pub fn log_path(&self, o: u32, what: &str) -> PathBuf {
+        let inc = self.pod(o).incarnation.max(1);
+        self.root_path.join(format!("pod-{o}/{what}-{inc}.log"))
+    }
+
+    fn log_files(&self, o: u32, what: &str) -> Result<(std::fs::File, std::fs::File)> {
+        let path = self.log_path(o, what);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(Error::io(format!("opening {}", path.display())))?;
+        let g = f
+            .try_clone()
+            .map_err(Error::io(format!("opening {}", path.display())))?;
+        Ok((f, g))
+    }
+
+    fn steward_command(&self, mut cmd: Command, o: u32, what: &str) -> Result<Command> {
+        let (out, err) = self.log_files(o, what)?;
+        cmd.env("ETCD_STEWARD_LOG", &self.log_filter)
+            .env_remove("HOSTNAME")
+            .stdout(out)
+            .stderr(err);
+        Ok(cmd)
+    }
+
+    /// Starts pod `o` the way its kind starts: publishes its name, then the agent's
+    /// sidecar and init (→ etcd), or a plain etcd forming a new cluster.
+    pub fn start(&mut self, o: u32) -> Result<()> {
+        self.set_dns(o, true)?;
+        match self.kind {
+            Kind::Agent => {
+                self.start_sidecar(o)?;
+                self.start_init(o)
+            }
+            Kind::Plain => self.start_plain(o, &PlainStart::New),
+        }
+    }
+
+    /// Starts pod `o`'s sidecar (a new start of the pod: new log files).
+    pub fn start_sidecar(&mut self, o: u32) -> Result<()> {
+        self.pod_mut(o).incarnation += 1;
+        let mut cmd = Command::new(&self.steward);
+        cmd.arg("sidecar").args(self.common_args(o));
+        let cmd = self.steward_command(cmd, o, "sidecar")?;
+        let child = procs::spawn(cmd, &self.steward)?;
+        self.pod_mut(o).sidecar = Some(child);
+        Ok(())
+    }
+
+    /// Starts pod `o`'s init (→ etcd) in the pod's mount namespace.
+    pub fn start_init(&mut self, o: u32) -> Result<()> {
+        self.start_init_with(o, &[])
+    }
+
+    /// As [`Self::start_init`], passing `extra_etcd_args` to etcd (`init -- ARGS`).
+    pub fn start_init_with(&mut self, o: u32, extra_etcd_args: &[&str]) -> Result<()> {
+        let mut cmd = procs::in_pod_namespace(&self.root_path.join("resolv.conf"), &self.steward);
+        cmd.arg("init")
+            .args(self.common_args(o))
+            .arg(format!("--etcd-bin={}", self.etcd.display()))
+            .arg("--")
+            .args(extra_etcd_args);
+        let cmd = self.steward_command(cmd, o, "init")?;
+        let child = procs::spawn(cmd, &self.steward)?;
+        self.pod_mut(o).etcd = Some(child);
+        Ok(())
+    }
+
+    /// The static command line a person would write for member `o`.
+    pub fn plain_args(&self, o: u32, start: &PlainStart) -> Vec<String> {
+        let pod = self.pod(o);
+        let mut args = vec![
+            format!("--name={}", self.member_name(o)),
+            format!("--data-dir={}", pod.data_dir.display()),
+            format!("--listen-peer-urls=http://{}:2380", pod.ip),
+            format!("--listen-client-urls=http://{}:2379", pod.ip),
+            format!("--initial-advertise-peer-urls={}", self.peer_url(o)),
+            format!("--advertise-client-urls=http://{}:2379", self.host(o)),
+        ];
+        match start {
+            PlainStart::New => {
+                let cluster: Vec<String> = (0..self.replicas)
+                    .map(|p| format!("{}={}", self.member_name(p), self.peer_url(p)))
+                    .collect();
+                args.push(format!("--initial-cluster={}", cluster.join(",")));
+                args.push("--initial-cluster-state=new".into());
+                args.push(format!("--initial-cluster-token={}", self.token));
+            }
+            PlainStart::Existing(cluster) => {
+                args.push(format!("--initial-cluster={cluster}"));
+                args.push("--initial-cluster-state=existing".into());
+            }
+        }
+        args
+    }
+
+    /// Starts a plain etcd for pod `o` (a new start of the pod).
+    pub fn start_plain(&mut self, o: u32, start: &PlainStart) -> Result<()> {
+        self.pod_mut(o).incarnation += 1;
+        let mut cmd = procs::in_pod_namespace(&self.root_path.join("resolv.conf"), &self.etcd);
+        cmd.args(self.plain_args(o, start));
+        let (out, err) = self.log_files(o, "etcd")?;
+        cmd.stdout(out).stderr(err);
+        let child = procs::spawn(cmd, &self.etcd)?;
+        self.pod_mut(o).etcd = Some(child);
+        Ok(())
+    }
+
+    /// Turns an agent set into a plain one on the same data: every pod is killed and its
+    /// etcd started again by hand with the static command line (etcd ignores the
+    /// initial-cluster flags on a data directory that holds its WAL).
+    pub async fn become_plain(&mut self) -> Result<()> {
+        for o in 0..self.replicas {
+            self.kill_processes(o).await;
+        }
+        self.kind = Kind::Plain;
+        for o in 0..self.replicas {
+            self.start_plain(o, &PlainStart::New)?;
+        }
+        Ok(())
+    }
+
+    /// The pid of the pod's etcd (or of init before it execs etcd).
+    pub fn etcd_pid(&self, o: u32) -> Option<u32> {
+        self.pod(o).etcd.as_ref().and_then(Child::id)
+    }
+
+    /// The pid of the pod's sidecar.
+    pub fn sidecar_pid(&self, o: u32) -> Option<u32> {
+        self.pod(o).sidecar.as_ref().and_then(Child::id)
+    }
+
+    /// SIGKILLs the pod's etcd (or waiting init) and sidecar and withdraws its DNS name:
+    /// the pod is gone.
+    pub async fn kill(&mut self, o: u32) -> Result<()> {
+        self.kill_processes(o).await;
+        self.set_dns(o, false)
+    }
+
+    /// SIGKILLs the pod's etcd (or init) and sidecar; its name stays published.
+    pub async fn kill_processes(&mut self, o: u32) {
+        self.kill_etcd(o).await;
+        self.kill_sidecar(o).await;
+    }
+
+    /// SIGKILLs only the sidecar.
+    pub async fn kill_sidecar(&mut self, o: u32) {
+        if let Some(mut c) = self.pod_mut(o).sidecar.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// SIGKILLs only the etcd container's process (init or etcd).
+    pub async fn kill_etcd(&mut self, o: u32) {
+        let url = self.client_url(o);
+        self.clients.forget(&url);
+        if let Some(mut c) = self.pod_mut(o).etcd.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// The volume is lost: a fresh, empty data directory.
+    pub fn wipe(&mut self, o: u32) -> Result<()> {
+        let dir = self.pod(o).data_dir.clone();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(Error::io(format!("removing {}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the etcd container's process (init or etcd) is still running.
+    pub fn init_running(&mut self, o: u32) -> bool {
+        match self.pod_mut(o).etcd.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    // ---- talking to pods -------------------------------------------------------------------
+
+    /// Connection options (TLS when the set has it) with a call time-out of `timeout`.
+    pub fn client_options(&self, timeout: Duration) -> ConnectOptions {
+        self.clients.options(timeout)
+    }
+
+    /// A client to pod `o`'s etcd (kept while it works).
+    pub async fn client(&self, o: u32) -> Result<Client> {
+        self.clients.get(&self.client_url(o)).await
+    }
+
+    /// A client balanced over every pod whose etcd runs.
+    pub async fn any_client(&self) -> Result<Client> {
+        let urls: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| p.etcd.is_some())
+            .map(|p| self.client_url(p.ordinal))
+            .collect();
+        self.clients.connect(&urls, Duration::from_secs(3)).await
+    }
+
+    /// Pod `o`'s status.
+    pub async fn status(&self, o: u32) -> Result<StatusResponse> {
+        self.clients.status(&self.client_url(o)).await
+    }
+
+    /// The member list as pod `o` sees it.
+    pub async fn members(&self, o: u32) -> Result<Vec<Member>> {
+        self.clients.members(&self.client_url(o)).await
+    }
+
+    /// Pod `o`'s member ID.
+    pub async fn member_id(&self, o: u32) -> Result<u64> {
+        self.clients.member_id(&self.client_url(o)).await
+    }
+
+    /// The ID of pod `o`'s cluster.
+    pub async fn cluster_id(&self, o: u32) -> Result<u64> {
+        self.clients.cluster_id(&self.client_url(o)).await
+    }
+
+    /// Counts keys under `prefix`, read through pod `o` (serializable: its own copy).
+    pub async fn count_keys_on(&self, o: u32, prefix: &str) -> Result<i64> {
+        self.clients.count_keys(&self.client_url(o), prefix).await
+    }
+
+    /// Writes `n` keys `<prefix>/<i>` through any running pod.
+    pub async fn put_keys(&self, prefix: &str, n: usize) -> Result<()> {
+        let mut c = self.any_client().await?;
+        for i in 0..n {
+            c.put(format!("{prefix}/{i:05}"), format!("v{i}"), None)
+                .await
+                .map_err(|source| Error::Etcd {
+                    url: "any pod".into(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Adds a learner entry for pod `o` through pod `via` by hand (as if an earlier init
+    /// died after MemberAdd); its member ID. Retries for 30 s while etcd refuses.
+    pub async fn add_learner_entry(&self, via: u32, o: u32) -> Result<u64> {
+        let url = self.peer_url(o);
+        let mut c = self.client(via).await?;
+        let mut last = String::new();
+        for _ in 0..60 {
+            let opts = etcd_client::MemberAddOptions::new().with_is_learner();
+            match c.member_add([url.as_str()], Some(opts)).await {
+                Ok(r) => match r.member() {
+                    Some(m) => return Ok(m.id()),
+                    None => last = "MemberAdd answered without the member".into(),
+                },
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(Error::Failed(format!(
+            "could not add a learner entry for pod {o}: {last}"
+        )))
+    }
+
+    /// GETs a path from a pod's sidecar: (status, body).
+    pub async fn http(&self, o: u32, path: &str) -> Option<(u16, String)> {
+        let addr = SocketAddr::new(IpAddr::V4(self.pod(o).ip), 8080);
+        http_get(addr, path, self.http_timeout, 1 << 20).await
+    }
+
+    /// Whether pod `o`'s sidecar says ready.
+    pub async fn ready(&self, o: u32) -> bool {
+        matches!(self.http(o, "/ready").await, Some((200, _)))
+    }
+
+    /// Whether every listed pod's sidecar says ready.
+    pub async fn all_ready(&self, pods: &[u32]) -> bool {
+        for o in pods {
+            if !self.ready(*o).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Waits until every listed pod is ready and a voter of one cluster with `voters`
+    /// voters, all named (started); the error carries the pods' last log lines.
+    pub async fn wait_ready(&self, pods: &[u32], voters: usize, timeout: Duration) -> Result<()> {
+        let what = format!("pods {pods:?} ready as {voters} voters");
+        let r = crate::wait::poll(timeout, Duration::from_millis(200), &what, || async {
+            if !self.all_ready(pods).await {
+                return false;
+            }
+            match self.members(pods[0]).await {
+                Ok(ms) => {
+                    ms.len() == voters && ms.iter().all(|m| !m.is_learner() && !m.name().is_empty())
+                }
+                Err(_) => false,
+            }
+        })
+        .await;
+        r.map(|_| ()).map_err(|_| Error::TimedOut {
+            what: format!("{what}{}", self.dump()),
+            after: timeout,
+        })
+    }
+
+    /// A voter that sees a leader and serves a linearizable read: what "healthy" means for
+    /// plain etcd (`etcdctl endpoint health` does the same read).
+    pub async fn linearizable_ok(&self, o: u32) -> bool {
+        let Ok(s) = self.status(o).await else {
+            return false;
+        };
+        if s.leader() == 0 || s.is_learner() {
+            return false;
+        }
+        let url = self.client_url(o);
+        let Ok(mut c) = self.clients.get(&url).await else {
+            return false;
+        };
+        let opts = GetOptions::new().with_keys_only().with_limit(1);
+        match tokio::time::timeout(Duration::from_secs(2), c.get("health", Some(opts))).await {
+            Ok(Ok(_)) => true,
+            _ => {
+                self.clients.forget(&url);
+                false
+            }
+        }
+    }
+
+    /// Every listed pod is a healthy voter and the cluster has `voters` voters.
+    pub async fn all_linearizable(&self, pods: &[u32], voters: usize) -> bool {
+        for o in pods {
+            if !self.linearizable_ok(*o).await {
+                return false;
+            }
+        }
+        match self.members(pods[0]).await {
+            Ok(ms) => ms.len() == voters && ms.iter().all(|m| !m.is_learner()),
+            Err(_) => false,
+        }
+    }
+
+    /// Publishes every initial pod's name, starts them all and waits (up to `timeout`) until
+    /// the set is up.
+    pub async fn start_all(&mut self, timeout: Duration) -> Result<()> {
+        let pods: Vec<u32> = (0..self.replicas).collect();
+        self.publish(&pods).await?;
+        for o in pods {
+            self.start(o)?;
+        }
+        self.wait_up(timeout).await
+    }
+
+    /// Waits (polling every 50 ms) until the set is up: every initial pod ready (its kind's
+    /// notion) as `replicas` voters.
+    pub async fn wait_up(&self, timeout: Duration) -> Result<()> {
+        let pods: Vec<u32> = (0..self.replicas).collect();
+        let n = pods.len();
+        let what = format!("the set on 127.0.{}.0 to be up", self.net);
+        let up = crate::wait::poll(timeout, Duration::from_millis(50), &what, || async {
+            match self.kind {
+                Kind::Agent => self.all_ready(&pods).await && self.all_linearizable(&pods, n).await,
+                Kind::Plain => self.all_linearizable(&pods, n).await,
+            }
+        })
+        .await;
+        up.map(|_| ()).map_err(|_| Error::TimedOut {
+            what: format!("{what} (logs in {})", self.root_path.display()),
+            after: timeout,
+        })
+    }
+
+    /// Notes that the membership (or the set) just changed.
+    pub fn changed(&mut self) {
+        self.last_change = Some(Instant::now());
+    }
+
+    /// Waits until `d` has passed since the last change.
+    pub async fn settle(&self, d: Duration) {
+        if let Some(t) = self.last_change {
+            tokio::time::sleep_until(t + d).await;
+        }
+    }
+
+    /// The ordinal of the current leader, as the first running pod that sees one says.
+    pub async fn leader(&self) -> Result<u32> {
+        for p in self.pods.iter().filter(|p| p.etcd.is_some()) {
+            let Ok(s) = self.status(p.ordinal).await else {
+                continue;
+            };
+            if s.leader() == 0 {
+                continue;
+            }
+            let Ok(ms) = self.members(p.ordinal).await else {
+                continue;
+            };
+            if let Some(l) = ms
+                .iter()
+                .find(|m| m.id() == s.leader())
+                .and_then(|m| self.ordinal_of(m))
+            {
+                return Ok(l);
+            }
+        }
+        Err(Error::Failed("no member sees a leader".into()))
+    }
+
+    /// The pod a member entry belongs to, by its peer URL.
+    pub fn ordinal_of(&self, m: &Member) -> Option<u32> {
+        self.pods
+            .iter()
+            .map(|p| p.ordinal)
+            .find(|o| m.peer_urls().iter().any(|u| *u == self.peer_url(*o)))
+    }
+
+    // ---- logs ------------------------------------------------------------------------------
+
+    /// Every log line the pod's processes wrote, all starts, for assertions and failure
+    /// reports.
+    pub fn logs(&self, o: u32) -> String {
+        let dir = self.root_path.join(format!("pod-{o}"));
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(std::result::Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+            .iter()
+            .map(|p| {
+                format!(
+                    "==> {}\n{}",
+                    p.display(),
+                    std::fs::read_to_string(p).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// What pod `o`'s current start logged from `what` (`init`, `sidecar`, `etcd`).
+    pub fn read_logs(&self, o: u32, what: &str) -> String {
+        std::fs::read_to_string(self.log_path(o, what)).unwrap_or_default()
+    }
+
+    /// The init decisions logged for a pod, in order (the `action` of each "decision" line).
+    pub fn decisions(&self, o: u32) -> Vec<String> {
+        logs::decisions(&self.logs(o))
+    }
+
+    /// The last 25 lines etcd-steward logged per pod (no DEBUG), for a failure report.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        for p in &self.pods {
+            let logs = self.logs(p.ordinal);
+            let lines: Vec<&str> = logs
+                .lines()
+                .filter(|l| logs::is_steward_line(l) && !l.contains("\"level\":\"DEBUG\""))
+                .collect();
+            out.push_str(&format!("\n----- pod {} (last lines) -----\n", p.ordinal));
+            for l in logs::last(&lines, 25) {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Runs `etcd-steward init --dry-run` for a pod and returns its decision.
+    pub async fn dry_run(&self, o: u32) -> Result<serde_json::Value> {
+        let out = Command::new(&self.steward)
+            .arg("init")
+            .args(self.common_args(o))
+            .arg("--dry-run")
+            .env("ETCD_STEWARD_LOG", "off")
+            .env_remove("HOSTNAME")
+            .output()
+            .await
+            .map_err(|source| Error::Spawn {
+                program: self.steward.clone(),
+                source,
+            })?;
+        logs::dry_run_decision(&out)
+    }
+
+    /// Kills everything and waits for the processes; the directory goes unless kept.
+    pub async fn shutdown(&mut self) {
+        let ordinals: Vec<u32> = self.pods.iter().map(|p| p.ordinal).collect();
+        for o in ordinals {
+            self.kill_processes(o).await;
+        }
+        self.dns.stop().await;
+        self.finished = true;
+    }
+}
+
+impl Drop for Set {
+    /// A failed scenario keeps its logs and data for a post-mortem.
+    fn drop(&mut self) {
+        let keep = match self.keep {
+            Keep::OnPanic => std::thread::panicking(),
+            Keep::UnlessShutDown => !self.finished,
+            Keep::Always => true,
+        };
+        if keep {
+            if let Some(root) = self.root.take() {
+                let kept = root.keep();
+                eprintln!("logs and data kept in {}", kept.display());
+            }
+        }
+    }
+}
+
+fn host(o: u32) -> String {
+    format!("{SERVICE}-{o}.{SERVICE}.default.svc.{DOMAIN}")
+}
+
+/// Whether an etcd data directory holds a WAL file.
+pub fn has_wal(dir: &Path) -> bool {
+    std::fs::read_dir(dir.join("member/wal"))
+        .map(|d| {
+            d.filter_map(std::result::Result::ok)
+                .any(|e| e.path().extension().is_some_and(|x| x == "wal"))
+        })
+        .unwrap_or(false)
+}
+
+/// The report a sidecar gives for an empty volume.
+pub fn empty_report(name: &str) -> String {
+    serde_json::json!({"name": name, "has_data": false, "wal": null, "wal_error": null, "formation": null}).to_string()
+}
+
+/// Serves `body` for /peer/report on pod `o`'s plain sidecar port, in place of its sidecar.
+pub async fn fake_sidecar(set: &Set, o: u32, body: String) -> Result<()> {
+    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), 8080);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(Error::io(format!("binding {addr}")))?;
+    let app = axum::Router::new().route(
+        "/peer/report",
+        axum::routing::get(move || async move { body }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(())
+}

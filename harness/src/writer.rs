@@ -1,0 +1,149 @@
+//! A writer that records every write etcd acknowledged, so a scenario can prove none was
+//! lost. Like an assertion, it panics when it cannot go on.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use tokio::time::Instant;
+
+/// The key of the `i`-th write.
+pub fn write_key(i: u64) -> String {
+    format!("w/{i:08}")
+}
+
+/// Writes `w/<n>` one after another (about 100 a second) through every given endpoint in
+/// turn, counting a write only once etcd acknowledged it. A write that failed is retried
+/// with the same key through the next endpoint.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<WriterReport>,
+    acked: Arc<AtomicU64>,
+}
+
+/// What the writer saw, once stopped.
+#[derive(Debug, Clone)]
+pub struct WriterReport {
+    /// Writes 0..acked were acknowledged.
+    pub acked: u64,
+    /// Writes that failed (and were retried).
+    pub failures: u64,
+    /// The longest time between two acknowledgements (or the start and the first).
+    pub max_gap: Duration,
+    /// When that gap ended, since the writer started.
+    pub max_gap_at: Duration,
+    /// The last failure, said in a sentence.
+    pub last_error: String,
+}
+
+impl Writer {
+    /// Starts writing through `endpoints` (plain-HTTP client URLs).
+    pub fn start(endpoints: Vec<String>) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicU64::new(0));
+        let task = {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            tokio::spawn(async move { write_loop(endpoints, stop, acked).await })
+        };
+        Writer { stop, task, acked }
+    }
+
+    /// How many writes are acknowledged so far.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more writes than now are acknowledged.
+    pub async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
+        let target = self.acked() + n;
+        let deadline = Instant::now() + timeout;
+        while self.acked() < target {
+            assert!(
+                Instant::now() < deadline,
+                "the writer made no progress ({what}): {} acknowledged, wanted {target}",
+                self.acked()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops writing; what the writer saw.
+    pub async fn stop(self) -> WriterReport {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task
+            .await
+            .unwrap_or_else(|e| panic!("the writer task: {e}"))
+    }
+}
+
+async fn write_loop(
+    endpoints: Vec<String>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+) -> WriterReport {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(300))
+        .with_timeout(Duration::from_secs(2));
+    let mut clients = Vec::new();
+    for ep in &endpoints {
+        clients.push(
+            Client::connect([ep.as_str()], Some(opts.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("a lazy client of {ep}: {e}")),
+        );
+    }
+    let started = Instant::now();
+    let mut last_ack = started;
+    let mut report = WriterReport {
+        acked: 0,
+        failures: 0,
+        max_gap: Duration::ZERO,
+        max_gap_at: Duration::ZERO,
+        last_error: String::new(),
+    };
+    let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
+    let mut turn = 0usize;
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        // The next endpoint that has not failed in the last second (any, if all have).
+        let n = clients.len();
+        let mut pick = turn % n;
+        for k in 0..n {
+            let idx = (turn + k) % n;
+            if failed_at[idx].is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                pick = idx;
+                break;
+            }
+        }
+        turn = pick + 1;
+        let put = clients[pick].put(write_key(i), i.to_string(), None);
+        match tokio::time::timeout(Duration::from_millis(2500), put).await {
+            Ok(Ok(_)) => {
+                let now = Instant::now();
+                if now - last_ack > report.max_gap {
+                    report.max_gap = now - last_ack;
+                    report.max_gap_at = now - started;
+                }
+                last_ack = now;
+                i += 1;
+                acked.store(i, Ordering::SeqCst);
+                failed_at[pick] = None;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(Err(e)) => {
+                report.failures += 1;
+                report.last_error = format!("{}: {e}", endpoints[pick]);
+                failed_at[pick] = Some(Instant::now());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                report.failures += 1;
+                report.last_error = format!("{}: no answer within 2.5 s", endpoints[pick]);
+                failed_at[pick] = Some(Instant::now());
+            }
+        }
+    }
+    report.acked = i;
+    report
+}
