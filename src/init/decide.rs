@@ -242,6 +242,20 @@ impl Why {
     pub fn kind(&self) -> WhyKind {
         std::mem::discriminant(self)
     }
+
+    /// For a wait that lists what it still waits for (pods not prepared, peers not
+    /// accounted for), how many; the back-off starts afresh when this falls, so a
+    /// formation that makes progress is looked at again soon.
+    pub fn outstanding(&self) -> usize {
+        match self {
+            Why::WaitingForPrepare { pods } => pods.len(),
+            Why::NoProofYet { blockers, .. } => blockers.len(),
+            Why::OwnNameNotPublished { then, .. } | Why::OwnNameFails { then, .. } => {
+                then.why.outstanding()
+            }
+            _ => 0,
+        }
+    }
 }
 
 impl std::fmt::Display for Why {

@@ -42,10 +42,11 @@ pub fn policy(e: &ActError) -> Retry {
 
 /// The back-off between rounds that wait: from 50 ms (peers started together answer within
 /// a few rounds) up to 5 s (a long wait costs its peers and DNS little), with jitter;
-/// restarted whenever the kind of reason changes.
+/// restarted whenever the kind of reason changes, or a wait makes progress (fewer pods
+/// still to prepare, fewer peers unaccounted for).
 pub struct Backoff {
     delays: backon::ExponentialBackoff,
-    key: Option<WhyKind>,
+    key: Option<(WhyKind, usize)>,
 }
 
 fn delays() -> backon::ExponentialBackoff {
@@ -68,12 +69,17 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// Notes this round's reason; a new kind of reason starts the back-off afresh.
+    /// Notes this round's reason; a new kind of reason, or progress within one, starts the
+    /// back-off afresh.
     pub fn observe(&mut self, why: &Why) {
-        if self.key != Some(why.kind()) {
+        let key = (why.kind(), why.outstanding());
+        let progress = self
+            .key
+            .is_some_and(|(kind, left)| kind == key.0 && key.1 < left);
+        if self.key.map(|k| k.0) != Some(key.0) || progress {
             self.delays = delays();
-            self.key = Some(why.kind());
         }
+        self.key = Some(key);
     }
 
     pub fn next_delay(&mut self) -> Duration {
@@ -132,19 +138,29 @@ mod tests {
         let waiting = |pods: &[&str]| Why::WaitingForPrepare {
             pods: pods.iter().map(|p| p.to_string()).collect(),
         };
-        b.observe(&waiting(&["etcd-1"]));
+        b.observe(&waiting(&["etcd-1", "etcd-2"]));
         let first = b.next_delay();
         for _ in 0..12 {
-            b.observe(&waiting(&["etcd-1", "etcd-2"]));
+            // The same wait, whatever its text says: it keeps growing.
+            b.observe(&waiting(&["etcd-2", "etcd-1"]));
             b.next_delay();
         }
-        b.observe(&waiting(&["etcd-2"]));
+        b.observe(&waiting(&["etcd-2", "etcd-3"]));
         let late = b.next_delay();
         assert!(
             late > first * 4,
             "same kind keeps growing: {first:?} → {late:?}"
         );
         assert!(late <= Duration::from_secs(10));
+        b.observe(&waiting(&["etcd-2"]));
+        let progressed = b.next_delay();
+        assert!(
+            progressed < Duration::from_millis(200),
+            "one pod fewer to wait for: looked at again soon, {progressed:?}"
+        );
+        for _ in 0..12 {
+            b.next_delay();
+        }
         b.observe(&Why::ReadyToPrepare { snapshot: None });
         let fresh = b.next_delay();
         assert!(fresh < Duration::from_millis(200), "{fresh:?}");
