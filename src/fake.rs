@@ -17,8 +17,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
 use crate::dns::{Dns, Lookup};
+use crate::etcd::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
 use crate::facts::PeerReport;
 use crate::identity::split_url;
 use crate::init::observe::PeerReports;

@@ -6,9 +6,9 @@
 //! learners, and serves health, readiness, metrics and the peer report other pods use as
 //! bootstrap evidence. `docs/ARCHITECTURE.md` maps each guarantee to its code and test.
 
-pub mod cluster;
 pub mod config;
 pub mod dns;
+pub mod etcd;
 pub mod exec;
 pub mod facts;
 pub mod fake;

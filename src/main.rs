@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use etcd_steward::cluster::EtcdClientConnector;
 use etcd_steward::config::{Cli, Command};
 use etcd_steward::dns::HickoryDns;
+use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
 use etcd_steward::{exec, sidecar};

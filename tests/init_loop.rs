@@ -10,8 +10,8 @@ use std::time::Duration;
 use clap::Parser;
 use tokio::time::Instant;
 
-use etcd_steward::cluster::EtcdError;
 use etcd_steward::config::{Cli, Command, InitConfig};
+use etcd_steward::etcd::EtcdError;
 use etcd_steward::facts::{ActionKind, Lookup, PeerReport, WalIdentity};
 use etcd_steward::fake::{FakeCluster, FakeDns, FakeReports, Op, Times};
 use etcd_steward::init::{self, act::ActError, retry::UNHEALTHY_CLUSTER_RETRY, Outcome};

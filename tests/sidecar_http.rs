@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use etcd_steward::cluster::MemberStatus;
+use etcd_steward::etcd::MemberStatus;
 use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
 use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
 use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};

@@ -14,9 +14,9 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use etcd_steward::cluster::EtcdError;
 use etcd_steward::config::{Cli, Command, Config};
 use etcd_steward::dns::Lookup;
+use etcd_steward::etcd::EtcdError;
 use etcd_steward::fake::{FakeCluster, FakeDns, Op, Times};
 use etcd_steward::sidecar::health::PeerApi;
 use etcd_steward::sidecar::http::metrics::{encode, Format};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::cluster::{Connector, Etcd, EtcdError};
 use crate::config::Config;
+use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, Facts};
 use crate::volume::{self, journal, marker, VolumeError};
 

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::cluster::Connector;
 use crate::config::InitConfig;
 use crate::dns::Dns;
+use crate::etcd::Connector;
 use crate::volume;
 use act::{act, ActError, Next, Pause};
 use decide::decide;

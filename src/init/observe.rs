@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::cluster::{Connector, Etcd};
 use crate::config::Config;
 use crate::dns::Dns;
+use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
 };

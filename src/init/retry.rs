@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use crate::cluster::EtcdError;
+use crate::etcd::EtcdError;
 
 use super::act::ActError;
 use super::decide::{Why, WhyKind};

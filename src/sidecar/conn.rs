@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use crate::cluster::{Connector, Etcd, EtcdError, MemberInfo};
 use crate::dns::Dns;
+use crate::etcd::{Connector, Etcd, EtcdError, MemberInfo};
 use crate::identity::{split_url, Identity};
 
 /// The connection cache, and the DNS and connector it opens connections with.

@@ -3,8 +3,8 @@
 
 use super::conn::Connections;
 use super::plan::{Outcome, Step};
-use crate::cluster::{Connector, Etcd, EtcdError};
 use crate::dns::Dns;
+use crate::etcd::{Connector, Etcd, EtcdError};
 
 /// Performs `step`.
 pub async fn execute<D: Dns, C: Connector>(conn: &mut Connections<D, C>, step: Step) -> Outcome {

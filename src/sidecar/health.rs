@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::cluster::MemberStatus;
+use crate::etcd::MemberStatus;
 
 /// What etcd's peer API said when the client API did not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]

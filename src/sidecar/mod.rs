@@ -21,9 +21,9 @@ use prometheus_client::registry::Registry;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::cluster::Connector;
 use crate::config::Config;
 use crate::dns::Dns;
+use crate::etcd::Connector;
 use conn::Connections;
 use health::{assess, Health};
 use http::metrics::{HealthMetrics, InitMetrics};

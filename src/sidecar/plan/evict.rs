@@ -174,7 +174,7 @@ mod tests {
 #[cfg(test)]
 mod planner_tests {
     use super::*;
-    use crate::cluster::MemberStatus;
+    use crate::etcd::MemberStatus;
     use crate::sidecar::health::LocalObservation;
     use crate::sidecar::observe::{JournalView, Observation};
 

@@ -6,7 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use super::{Outcome, Planner, Step, Why};
-use crate::cluster::{MemberInfo, MemberStatus};
+use crate::etcd::{MemberInfo, MemberStatus};
 use crate::facts::ActionKind;
 use crate::sidecar::health::PeerApi;
 use crate::sidecar::observe::Observation;
