@@ -5,6 +5,7 @@
 //! `sidecar` promotes this pod's learner, removes dead learners, and serves health,
 //! readiness, metrics and the peer report other pods use as bootstrap evidence.
 
+pub mod backup;
 pub mod cluster;
 pub mod config;
 pub mod datadir;
