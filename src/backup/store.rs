@@ -10,13 +10,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
     WriteMultipart,
 };
 use thiserror::Error;
@@ -39,6 +39,21 @@ pub enum StoreError {
     },
     #[error("backup store {store}: {name:?} does not exist")]
     NotFound { store: String, name: String },
+}
+
+/// An error and its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// One backup location: a bucket (or directory) and a prefix inside it.
@@ -100,11 +115,12 @@ fn retry() -> RetryConfig {
     }
 }
 
-fn client_options() -> ClientOptions {
-    ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(120))
-}
+/// Time-outs set as configuration keys, so the options read from the environment
+/// (`AWS_ALLOW_HTTP`, …) are kept.
+const CLIENT_TIMEOUTS: [(ClientConfigKey, &str); 2] = [
+    (ClientConfigKey::ConnectTimeout, "5s"),
+    (ClientConfigKey::Timeout, "120s"),
+];
 
 impl Store {
     /// Builds the store for `url`. S3 reads `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
@@ -121,26 +137,35 @@ impl Store {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let inner: Arc<dyn ObjectStore> = match scheme {
             "s3" => Arc::new(
-                AmazonS3Builder::from_env()
+                CLIENT_TIMEOUTS
+                    .iter()
+                    .fold(AmazonS3Builder::from_env(), |b, (k, v)| {
+                        b.with_config(AmazonS3ConfigKey::Client(*k), *v)
+                    })
                     .with_bucket_name(bucket)
                     .with_retry(retry())
-                    .with_client_options(client_options())
                     .build()
                     .map_err(|e| bad(e.to_string()))?,
             ),
             "gs" => Arc::new(
-                GoogleCloudStorageBuilder::from_env()
+                CLIENT_TIMEOUTS
+                    .iter()
+                    .fold(GoogleCloudStorageBuilder::from_env(), |b, (k, v)| {
+                        b.with_config(GoogleConfigKey::Client(*k), *v)
+                    })
                     .with_bucket_name(bucket)
                     .with_retry(retry())
-                    .with_client_options(client_options())
                     .build()
                     .map_err(|e| bad(e.to_string()))?,
             ),
             "az" => Arc::new(
-                MicrosoftAzureBuilder::from_env()
+                CLIENT_TIMEOUTS
+                    .iter()
+                    .fold(MicrosoftAzureBuilder::from_env(), |b, (k, v)| {
+                        b.with_config(AzureConfigKey::Client(*k), *v)
+                    })
                     .with_container_name(bucket)
                     .with_retry(retry())
-                    .with_client_options(client_options())
                     .build()
                     .map_err(|e| bad(e.to_string()))?,
             ),
@@ -187,7 +212,7 @@ impl Store {
                 store: self.url.clone(),
                 op,
                 name: name.to_string(),
-                detail: other.to_string(),
+                detail: chain(&other),
             },
         }
     }
