@@ -726,3 +726,67 @@ async fn an_unreachable_store_is_a_clear_error_and_touches_nothing() {
     assert_eq!(live.keys("/k/").await.len(), 10);
     live.put_keys("/after/", 1).await;
 }
+
+// ---- the sidecar's periodic step ------------------------------------------------------------
+
+#[tokio::test]
+async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_schedule() {
+    use etcd_steward::backup::schedule::BackupMetrics;
+    use etcd_steward::backup::{BackupConfig, Backups};
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let cfg = BackupConfig {
+        url: file_url(work.path()),
+        interval: Duration::from_secs(60),
+        keep: 2,
+        tool: Release::V35.tool(),
+        scratch_dir: work.path().join("scratch"),
+        restore: RestoreChoice::Latest,
+    };
+    // Two sidecars (two pods) sharing one store.
+    let a = Backups::new(&cfg, Release::V35.etcd()).unwrap();
+    let b = Backups::new(&cfg, Release::V35.etcd()).unwrap();
+    let src = live.source().await;
+    let (mut ma, mut mb) = (BackupMetrics::default(), BackupMetrics::default());
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let at = |s: u64| t0 + Duration::from_secs(s);
+
+    let first = a.tick(&src, true, t0, &mut ma).await.unwrap();
+    let taken = first
+        .taken
+        .expect("the first tick of a leader takes a snapshot");
+    let drilled = first.drilled.expect("a new snapshot is drilled");
+    assert!(drilled.passed, "{drilled:?}");
+    assert_eq!(ma.last_success, Some(1_800_000_000.0));
+    assert_eq!(ma.verified_revision, Some(taken.revision));
+    assert!(ma.drill_last_success.is_some());
+
+    // A follower never takes one, however late.
+    let r = b.tick(&src, false, at(500), &mut mb).await.unwrap();
+    assert!(r.taken.is_none() && r.drilled.is_none());
+    // The leader again, within the interval: nothing (and no second drill).
+    let r = a.tick(&src, true, at(30), &mut ma).await.unwrap();
+    assert!(r.taken.is_none() && r.drilled.is_none());
+    // Leadership moves to b at 40: it follows the store's schedule — nothing before 60…
+    let r = b.tick(&src, true, at(40), &mut mb).await.unwrap();
+    assert!(r.taken.is_none());
+    // …and one at 60.
+    live.put_keys("/more/", 3).await;
+    let r = b.tick(&src, true, at(61), &mut mb).await.unwrap();
+    assert!(r.taken.is_some());
+    assert_eq!(mb.failures, 0);
+    assert_eq!(mb.last_success, Some(1_800_000_061.0));
+    // A third one: retention keeps the newest two.
+    let r = b.tick(&src, true, at(125), &mut mb).await.unwrap();
+    assert!(r.taken.is_some());
+    assert_eq!(r.pruned.len(), 2, "{:?}", r.pruned);
+    let names: Vec<String> = catalog::list(&a.store)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert!(!names.contains(&taken.name));
+}
