@@ -188,7 +188,16 @@ async fn backup_command(
             None => anyhow::bail!("no verified snapshot to drill in {}", backup_cfg.url),
         };
     }
-    let m = backups.take_now(&source, now).await?;
-    println!("{}", serde_json::to_string(&m)?);
-    Ok(true)
+    match backups.take_now(&source, now).await {
+        Ok(m) => {
+            println!("{}", serde_json::to_string(&m)?);
+            Ok(true)
+        }
+        // Printed too: it is stored and listed, marked unverified.
+        Err(backup::BackupError::Unverified(m)) => {
+            println!("{}", serde_json::to_string(&m)?);
+            anyhow::bail!(backup::BackupError::Unverified(m))
+        }
+        Err(e) => Err(e.into()),
+    }
 }

@@ -203,7 +203,10 @@ async fn run<L: SnapshotSource>(
         return Ok(fail(m, Some(status.revision), format!("restore: {e}")));
     }
     let client_url = format!("http://127.0.0.1:{client}");
+    // A clean environment: etcd reads ETCD_* variables as flags, and the sidecar's own
+    // (ETCD_STEWARD_*) are not meant for it.
     let mut etcd = match tokio::process::Command::new(&setup.etcd_bin)
+        .env_clear()
         .arg("--name=drill")
         .arg(format!("--data-dir={}", data.display()))
         .arg(format!("--listen-peer-urls={peer_url}"))

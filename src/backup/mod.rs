@@ -64,8 +64,9 @@ pub enum BackupError {
     Take(#[from] snapshot::TakeError),
     #[error(transparent)]
     Source(#[from] snapshot::SourceError),
-    #[error("snapshot {name} is stored but not verified: {reason}")]
-    Unverified { name: String, reason: String },
+    /// Stored and listed, marked `verified: false`; never restored.
+    #[error("snapshot {} is stored but not verified: {}", .0.name, .0.unverified_reason.as_deref().unwrap_or("no reason recorded"))]
+    Unverified(Box<Manifest>),
 }
 
 /// What one [`Backups::tick`] did.
@@ -110,10 +111,7 @@ impl Backups {
     ) -> Result<Manifest, BackupError> {
         let m = snapshot::take(source, &self.store, now).await?;
         if !m.verified {
-            return Err(BackupError::Unverified {
-                name: m.name.clone(),
-                reason: m.unverified_reason.clone().unwrap_or_default(),
-            });
+            return Err(BackupError::Unverified(Box::new(m)));
         }
         Ok(m)
     }

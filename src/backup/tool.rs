@@ -75,7 +75,10 @@ impl EtcdTool {
     }
 
     fn command(&self) -> tokio::process::Command {
+        // A clean environment: etcdctl and etcdutl read ETCDCTL_* / ETCDUTL_* variables as
+        // flags; nothing from the agent's environment is meant for them.
         let mut c = tokio::process::Command::new(&self.bin);
+        c.env_clear();
         if self.kind == ToolKind::Etcdctl {
             c.env("ETCDCTL_API", "3");
         }
