@@ -790,3 +790,63 @@ async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_s
     assert_eq!(names.len(), 2);
     assert!(!names.contains(&taken.name));
 }
+
+/// What init does when every volume is lost: every initial pod restores the same snapshot
+/// with the same fresh token; the three form one cluster holding every key.
+#[tokio::test]
+async fn three_members_restored_from_one_snapshot_form_one_cluster_with_every_key() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 100).await;
+    let written = live.keys("/k/").await;
+    let old_cluster = live.source().await;
+    let old_id = etcd_steward::backup::snapshot::SnapshotSource::info(&old_cluster)
+        .await
+        .unwrap()
+        .cluster_id;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    drop(live);
+
+    let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let initial_cluster = (0..3)
+        .map(|i| format!("etcd-{i}=http://127.0.0.1:{}", peers[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let data = work.path().join(format!("pod-{i}"));
+        let params = MemberParams {
+            name: format!("etcd-{i}"),
+            initial_cluster: initial_cluster.clone(),
+            token: "fresh-token".into(),
+            peer_url: format!("http://127.0.0.1:{peer}"),
+        };
+        let outcome = restore::restore(
+            &store,
+            &RestoreChoice::Named(m.name.clone()),
+            &Release::V35.tool(),
+            &params,
+            &data,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(outcome, RestoreOutcome::Restored { .. }));
+        members.push((format!("etcd-{i}"), data, *peer));
+    }
+    // Started together (etcd waits for its peers' quorum before serving).
+    let starts = members
+        .iter()
+        .map(|(name, data, peer)| Etcd::start(Release::V35, name, data, Some(*peer)));
+    let running = futures_util::future::join_all(starts).await;
+    let mut c = running[2].client().await;
+    assert_eq!(c.member_list().await.unwrap().members().len(), 3);
+    for e in &running {
+        assert_eq!(e.keys("/k/").await, written);
+    }
+    let new_id = etcd_steward::backup::snapshot::SnapshotSource::info(&running[0].source().await)
+        .await
+        .unwrap()
+        .cluster_id;
+    assert_ne!(new_id, old_id, "a restore forms a new cluster");
+}

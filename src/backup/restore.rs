@@ -296,6 +296,19 @@ pub enum RestoreOutcome {
     Disabled,
 }
 
+/// The member parameters for pod `cfg.identity.ordinal` of a cluster formed from a
+/// snapshot by all `cfg.replicas` initial pods: every pod restores the same snapshot with
+/// the same (fresh) `token`, so they form one new cluster with new member IDs.
+pub fn formation_member(cfg: &crate::config::Config, token: &str) -> MemberParams {
+    let id = &cfg.identity;
+    MemberParams {
+        name: id.name(),
+        initial_cluster: id.initial_cluster(cfg.replicas),
+        token: token.to_string(),
+        peer_url: id.peer_url(id.ordinal),
+    }
+}
+
 /// Init's one call: when `data_dir` holds no WAL, pick the snapshot `choice` names,
 /// download and verify it into the staging directory, and restore it for `member`.
 pub async fn restore(
@@ -314,6 +327,13 @@ pub async fn restore(
     match pick(store, choice, &staging).await? {
         Pick::Chosen { manifest, file } => {
             restore_into(tool, &file, &manifest.name, member, data_dir).await?;
+            let age = std::time::SystemTime::now()
+                .duration_since(manifest.time())
+                .unwrap_or_default();
+            tracing::info!(snapshot = %manifest.name, revision = manifest.revision,
+                taken = %manifest.time, age = %humantime::format_duration(std::time::Duration::from_secs(age.as_secs())),
+                member = %member.name, data_dir = %data_dir.display(),
+                "restored from a backup: writes after this snapshot are not in it");
             Ok(RestoreOutcome::Restored { manifest })
         }
         Pick::NoBackups => Ok(RestoreOutcome::NoBackups),
