@@ -136,9 +136,11 @@ impl Backups {
         }
     }
 
-    /// The sidecar's periodic step, once per tick: when this member leads and a snapshot is
-    /// due (by the store's newest one), take it from `source` (the local member); then apply
-    /// retention; then drill the newest verified snapshot if it has not been drilled.
+    /// The sidecar's periodic step: when this member leads and a snapshot is due (by the
+    /// store's newest one), take it from `source` (the local member) and apply retention;
+    /// then drill the newest verified snapshot if it has not been drilled. A follower makes
+    /// no call at all; a leader lists the store's manifests (one GET each) every call, so
+    /// call it every 10–30 s, not every loop turn.
     /// Updates `metrics`; a failed snapshot is counted and retried at the next tick.
     pub async fn tick<S: SnapshotSource>(
         &self,
@@ -151,7 +153,7 @@ impl Backups {
         if !is_leader {
             return Ok(report);
         }
-        let manifests = match self.list().await {
+        let mut manifests = match self.list().await {
             Ok(m) => m,
             Err(e) => {
                 metrics.snapshot_failed(Duration::ZERO);
@@ -175,9 +177,10 @@ impl Backups {
                     report.take_error = Some(e.to_string());
                 }
             }
+            // Retention runs after each attempt (it also clears failed uploads' leftovers).
+            report.pruned = catalog::prune(&self.store, self.config.keep).await?;
+            manifests = self.list().await?;
         }
-        report.pruned = catalog::prune(&self.store, self.config.keep).await?;
-        let manifests = self.list().await?;
         if let Some(m) = schedule::should_drill(is_leader, &manifests) {
             match drill::drill(&self.store, m, &self.drill, source, now).await {
                 Ok(outcome) => {

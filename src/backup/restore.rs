@@ -142,7 +142,7 @@ pub async fn pick(store: &Store, choice: &RestoreChoice, dir: &Path) -> Result<P
     if manifests.is_empty() {
         return Ok(Pick::NoBackups);
     }
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    create_private_dir(dir)?;
     let mut skipped = Vec::new();
     let candidates = manifests
         .into_iter()
@@ -196,6 +196,16 @@ pub enum Restored {
 
 const COMPLETE: &str = "out.complete";
 
+/// Creates `dir` and its parents as etcd wants its directories: owner only.
+fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io("create", dir))
+}
+
 fn sync_dir(dir: &Path) {
     if let Ok(f) = std::fs::File::open(dir) {
         let _ = f.sync_all();
@@ -205,7 +215,7 @@ fn sync_dir(dir: &Path) {
 /// Moves `path` aside under `member/steward/set-aside/` (never deletes it); logs where.
 fn set_aside(data_dir: &Path, path: &Path, what: &str) -> Result<(), RestoreError> {
     let dir = data_dir.join("member").join("steward").join("set-aside");
-    std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+    create_private_dir(&dir)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -238,7 +248,7 @@ pub async fn restore_into(
             path: data_dir.to_path_buf(),
         });
     }
-    std::fs::create_dir_all(&staging).map_err(io("create", &staging))?;
+    create_private_dir(&staging)?;
     let out = staging.join("out");
     if !complete.exists() {
         // A partial result of an earlier run: the agent's own scratch, redone.

@@ -193,16 +193,25 @@ impl SnapshotSource for EtcdSource {
 
     async fn hash_kv(&self, revision: i64) -> Result<KvHash, SourceError> {
         let mut c = self.client.clone();
-        match self.timed(c.hash_kv(revision)).await {
+        let answer = tokio::time::timeout(CALL_TIMEOUT, c.hash_kv(revision))
+            .await
+            .map_err(|_| SourceError::Other {
+                endpoint: self.endpoint.clone(),
+                detail: "no answer in time".into(),
+            })?;
+        match answer {
             Ok(r) => Ok(KvHash {
                 hash: r.hash(),
                 compact_revision: r.compact_version(),
             }),
-            Err(SourceError::Other { endpoint, detail }) if detail.contains("compacted") => {
-                let _ = detail;
-                Err(SourceError::Compacted { endpoint, revision })
+            // etcd's ErrGRPCCompacted.
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::OutOfRange => {
+                Err(SourceError::Compacted {
+                    endpoint: self.endpoint.clone(),
+                    revision,
+                })
             }
-            Err(e) => Err(e),
+            Err(e) => Err(source_error(&self.endpoint, e)),
         }
     }
 }
