@@ -44,3 +44,10 @@ for bin in "$dest/etcd" /usr/bin/etcd; do
   version=$("$bin" --version)
   echo "$bin: ${version%%$'\n'*}"
 done
+
+# moto's S3-compatible server (tests/backup.rs starts it on a loopback port), from PyPI.
+if ! python3 -c 'import moto.server, flask, flask_cors' >/dev/null 2>&1; then
+  echo "installing moto[server] from PyPI"
+  python3 -m pip install --quiet 'moto[server]>=5,<6'
+fi
+command -v curl >/dev/null || { export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq --no-install-recommends curl >/dev/null; }

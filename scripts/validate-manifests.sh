@@ -92,4 +92,42 @@ sys.exit(1 if problems else 0)
 EOF
 ) || die "manifest checks failed (see above)"
 
+# ---- backup overlays ----------------------------------------------------------------------
+# Both containers know the backup URL (init restores, the sidecar takes snapshots), the
+# sidecar's scratch directory is a mounted emptyDir (the root file system is read-only),
+# backup-s3 takes its credentials from a Secret, and backup-file mounts its volume.
+"$py" - "$out"/overlays-backup-*.yaml <<'EOF2' || die "backup overlay checks failed (see above)"
+import sys, yaml
+problems = []
+for path in sys.argv[1:]:
+    for d in yaml.safe_load_all(open(path)):
+        if not d or d["kind"] != "StatefulSet":
+            continue
+        spec = d["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            url = env.get("ETCD_STEWARD_BACKUP_URL") or ""
+            where = f"{path}: container {c['name']}"
+            if not url:
+                problems.append(f"{where}: no ETCD_STEWARD_BACKUP_URL")
+            if "backup-s3" in path:
+                refs = [e.get("secretRef", {}).get("name") for e in c.get("envFrom", [])]
+                if not url.startswith("s3://") or not any(refs):
+                    problems.append(f"{where}: s3:// URL and credentials from a Secret expected")
+            if "backup-file" in path:
+                local = url.removeprefix("file://")
+                if not url.startswith("file:///") or not any(local.startswith(m) for m in mounts):
+                    problems.append(f"{where}: file:// URL on a mounted volume expected")
+            if c["name"] == "sidecar":
+                scratch = env.get("ETCD_STEWARD_BACKUP_SCRATCH_DIR")
+                vol = volumes.get(mounts.get(scratch, ""), {})
+                if "emptyDir" not in vol:
+                    problems.append(f"{where}: scratch dir {scratch!r} is not a mounted emptyDir")
+for p in problems:
+    print(p, file=sys.stderr)
+sys.exit(1 if problems else 0)
+EOF2
+
 echo "manifests: ${#dirs[@]} kustomizations, $count resources valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }"

@@ -31,6 +31,8 @@ pub enum Command {
     Sidecar(SidecarArgs),
     /// Copy this binary into DIR (an emptyDir shared with the upstream etcd image).
     Install(InstallArgs),
+    /// Take one snapshot now through the local member (or --list, or --drill).
+    Backup(BackupCmdArgs),
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +128,8 @@ pub struct CommonArgs {
     /// A file holding that user's password.
     #[arg(long, env = "ETCD_STEWARD_AUTH_PASSWORD_FILE")]
     pub auth_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub backup: BackupArgs,
 }
 
 /// etcd credentials; `Debug` never shows the password.
@@ -197,6 +201,8 @@ pub struct Config {
     pub peer_tls: Option<TlsMaterial>,
     pub peer_report_port: u16,
     pub auth: Option<Auth>,
+    /// Backups, when `--backup-url` is given.
+    pub backup: Option<crate::backup::BackupConfig>,
 }
 
 impl Config {
@@ -387,6 +393,7 @@ impl CommonArgs {
                 None
             }
         };
+        let backup = self.backup.validate(&mut problems);
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -417,6 +424,7 @@ impl CommonArgs {
             peer_tls,
             peer_report_port,
             auth,
+            backup,
         })
     }
 }
@@ -467,6 +475,131 @@ impl InitArgs {
     }
 }
 
+// ---- backups (issue 10) -----------------------------------------------------------------
+
+/// Backup options, shared by `init` (restore when every volume is lost), `sidecar`
+/// (periodic snapshots) and `backup` (one now, list, drill).
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// Where snapshots go: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    /// or file:///path. S3 reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL and AWS_ALLOW_HTTP. Without it, no backups.
+    #[arg(long, env = "ETCD_STEWARD_BACKUP_URL")]
+    pub backup_url: Option<String>,
+    /// How often the leader's sidecar takes a snapshot (humantime: 30m, 1h).
+    #[arg(long, env = "ETCD_STEWARD_BACKUP_INTERVAL", default_value = "30m")]
+    pub backup_interval: String,
+    /// How many of the newest snapshots to keep; the newest verified one is never deleted.
+    #[arg(long, env = "ETCD_STEWARD_BACKUP_KEEP", default_value = "48")]
+    pub backup_keep: String,
+    /// etcd's offline tool for restores and drills: etcdutl (etcd 3.5+), or for etcd 3.4 a
+    /// path whose file name contains `etcdctl` (run with ETCDCTL_API=3).
+    #[arg(long, env = "ETCD_STEWARD_ETCDUTL_BIN", default_value = "etcdutl")]
+    pub etcdutl_bin: PathBuf,
+    /// Scratch space for the restore drill (an emptyDir: the root file system is read-only).
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_BACKUP_SCRATCH_DIR",
+        default_value = "/var/lib/etcd-steward-scratch"
+    )]
+    pub backup_scratch_dir: PathBuf,
+    /// init, when every volume is lost: `latest` (the default with a backup URL),
+    /// `never`, or a snapshot's name as `backup --list` prints it.
+    #[arg(long, env = "ETCD_STEWARD_RESTORE")]
+    pub restore: Option<String>,
+}
+
+impl BackupArgs {
+    /// The typed backup options, or `None` without `--backup-url`; adds every broken
+    /// constraint to `problems`.
+    pub fn validate(&self, problems: &mut Vec<String>) -> Option<crate::backup::BackupConfig> {
+        use crate::backup::{BackupConfig, EtcdTool, RestoreChoice};
+        let before = problems.len();
+        let url = self.backup_url.as_deref().filter(|u| !u.is_empty());
+        if let Some(u) = url {
+            if let Err(why) = crate::backup::store::check_url(u) {
+                problems.push(format!("--backup-url {u:?}: {why}"));
+            }
+        }
+        let interval = match humantime::parse_duration(&self.backup_interval) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            _ => {
+                problems.push(format!(
+                    "--backup-interval must be a duration of at least 1s such as 30m, got {:?}",
+                    self.backup_interval
+                ));
+                Duration::ZERO
+            }
+        };
+        let keep = match self.backup_keep.parse::<usize>() {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                problems.push(format!(
+                    "--backup-keep must be a whole number of at least 1, got {:?}",
+                    self.backup_keep
+                ));
+                0
+            }
+        };
+        if self.backup_scratch_dir.is_relative() {
+            problems.push(format!(
+                "--backup-scratch-dir must be an absolute path, got {:?}",
+                self.backup_scratch_dir
+            ));
+        }
+        let restore = match self.restore.as_deref() {
+            None | Some("latest") => RestoreChoice::Latest,
+            Some("never") => RestoreChoice::Never,
+            Some(name)
+                if !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) =>
+            {
+                RestoreChoice::Named(name.to_string())
+            }
+            Some(other) => {
+                problems.push(format!(
+                    "--restore must be latest, never or a snapshot name, got {other:?}"
+                ));
+                RestoreChoice::Never
+            }
+        };
+        if url.is_none() {
+            if let Some(r) = self.restore.as_deref().filter(|r| *r != "never") {
+                problems.push(format!(
+                    "--restore {r:?} needs --backup-url (where the snapshots are)"
+                ));
+            }
+            return None;
+        }
+        if problems.len() > before {
+            return None;
+        }
+        Some(BackupConfig {
+            url: url.unwrap_or_default().to_string(),
+            interval,
+            keep,
+            tool: EtcdTool::from_bin(self.etcdutl_bin.clone()),
+            scratch_dir: self.backup_scratch_dir.clone(),
+            restore,
+        })
+    }
+}
+
+/// `backup`'s options: the sidecar's, and what to do.
+#[derive(Debug, Args)]
+pub struct BackupCmdArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// List the stored snapshots, newest first, one JSON object per line.
+    #[arg(long, conflicts_with = "drill")]
+    pub list: bool,
+    /// Run the restore drill once on the newest verified snapshot and print its outcome.
+    #[arg(long)]
+    pub drill: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,7 +616,7 @@ mod tests {
         full.extend_from_slice(args);
         match parse(&full).command {
             Command::Sidecar(s) => s.common,
-            Command::Init(_) | Command::Install(_) => unreachable!(),
+            Command::Init(_) | Command::Install(_) | Command::Backup(_) => unreachable!(),
         }
     }
 
@@ -614,5 +747,94 @@ mod tests {
     #[test]
     fn unknown_options_are_rejected_by_the_parser() {
         assert!(Cli::try_parse_from(["etcd-steward", "init", "--bogus"]).is_err());
+    }
+
+    /// Backup options (issue 10).
+    #[allow(clippy::unwrap_used)]
+    mod backup_options {
+        use super::*;
+
+        #[test]
+        fn without_a_backup_url_there_are_no_backups() {
+            let c = common(&["--name", "etcd-0", "--replicas", "3"])
+                .validate()
+                .unwrap();
+            assert_eq!(c.backup, None);
+        }
+
+        #[test]
+        fn backup_options_default_to_latest_restore_every_30m_keeping_48() {
+            let c = common(&[
+                "--name",
+                "etcd-0",
+                "--replicas",
+                "3",
+                "--backup-url",
+                "s3://bucket/etcd",
+            ])
+            .validate()
+            .unwrap();
+            let b = c.backup.unwrap();
+            assert_eq!(b.url, "s3://bucket/etcd");
+            assert_eq!(b.interval, Duration::from_secs(1800));
+            assert_eq!(b.keep, 48);
+            assert_eq!(b.restore, crate::backup::RestoreChoice::Latest);
+            assert_eq!(b.tool.kind, crate::backup::tool::ToolKind::Etcdutl);
+        }
+
+        #[test]
+        fn bad_backup_options_are_reported_with_the_others() {
+            let e = common(&[
+                "--name",
+                "etcd-0",
+                "--replicas",
+                "0",
+                "--backup-url",
+                "ftp://x",
+                "--backup-interval",
+                "soon",
+                "--backup-keep",
+                "0",
+                "--restore",
+                "../x",
+            ])
+            .validate()
+            .unwrap_err();
+            let all = e.problems.join("\n");
+            for flag in [
+                "--replicas",
+                "--backup-url",
+                "--backup-interval",
+                "--backup-keep",
+                "--restore",
+            ] {
+                assert!(all.contains(flag), "{flag} missing from {all}");
+            }
+        }
+
+        #[test]
+        fn a_named_restore_needs_a_backup_url() {
+            let e = common(&["--name", "etcd-0", "--replicas", "1", "--restore", "latest"])
+                .validate()
+                .unwrap_err();
+            assert!(e.problems[0].contains("--backup-url"), "{e}");
+            let c = common(&[
+                "--name",
+                "etcd-0",
+                "--replicas",
+                "1",
+                "--backup-url",
+                "file:///b",
+                "--restore",
+                "never",
+                "--etcdutl-bin",
+                "/usr/bin/etcdctl",
+            ])
+            .validate()
+            .unwrap();
+            let b = c.backup.unwrap();
+            assert_eq!(b.restore, crate::backup::RestoreChoice::Never);
+            assert_eq!(b.tool.kind, crate::backup::tool::ToolKind::Etcdctl);
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! learners, and serves health, readiness, metrics and the peer report other pods use as
 //! bootstrap evidence. `docs/ARCHITECTURE.md` maps each guarantee to its code and test.
 
+pub mod backup;
 pub mod config;
 pub mod dns;
 pub mod etcd;

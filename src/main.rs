@@ -4,12 +4,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use etcd_steward::backup::snapshot::{EtcdSource, EtcdTarget};
 use etcd_steward::config::{Cli, Command};
 use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
-use etcd_steward::{exec, sidecar};
+use etcd_steward::{backup, exec, sidecar};
 
 /// EX_USAGE: a configuration error.
 const EXIT_CONFIG: u8 = 64;
@@ -126,5 +127,66 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Backup(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let Some(backup_cfg) = cfg.backup.clone() else {
+                eprintln!("etcd-steward: backup needs --backup-url (or ETCD_STEWARD_BACKUP_URL)");
+                return ExitCode::from(EXIT_CONFIG);
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(backup_command(&cfg, &backup_cfg, args.list, args.drill))
+            });
+            match result {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(EXIT_RUNTIME),
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+/// `etcd-steward backup [--list | --drill]`: prints JSON lines on stdout; `Ok(false)` when
+/// the drill ran and failed.
+async fn backup_command(
+    cfg: &etcd_steward::config::Config,
+    backup_cfg: &backup::BackupConfig,
+    list: bool,
+    drill: bool,
+) -> anyhow::Result<bool> {
+    let backups = backup::Backups::new(backup_cfg, cfg.etcd_bin.clone())?;
+    if list {
+        for m in backups.list().await? {
+            println!("{}", backup::manifest::list_line(&m));
+        }
+        return Ok(true);
+    }
+    let source = EtcdSource::connect(&EtcdTarget::local(cfg)).await?;
+    let now = std::time::SystemTime::now();
+    if drill {
+        return match backups.drill_newest(&source, now).await? {
+            Some(outcome) => {
+                println!("{}", outcome.to_json());
+                Ok(outcome.passed)
+            }
+            None => anyhow::bail!("no verified snapshot to drill in {}", backup_cfg.url),
+        };
+    }
+    match backups.take_now(&source, now).await {
+        Ok(m) => {
+            println!("{}", serde_json::to_string(&m)?);
+            Ok(true)
+        }
+        // Printed too: it is stored and listed, marked unverified.
+        Err(backup::BackupError::Unverified(m)) => {
+            println!("{}", serde_json::to_string(&m)?);
+            anyhow::bail!(backup::BackupError::Unverified(m))
+        }
+        Err(e) => Err(e.into()),
     }
 }

@@ -1,0 +1,319 @@
+//! The restore drill: proves a stored snapshot restores. It downloads the snapshot (both
+//! checksums), reads its revision and integrity with etcd's tool, restores it into the
+//! scratch directory, starts a throw-away etcd on it (127.0.0.1, ephemeral ports) and
+//! compares its `HashKV` at the snapshot's revision with the live cluster's. The outcome
+//! is recorded in the snapshot's manifest.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::manifest::{self, DrillRecord, Manifest};
+use super::restore::{self, RestoreError};
+use super::snapshot::{self, EtcdSource, EtcdTarget, SnapshotSource, SourceError};
+use super::store::{Store, StoreError};
+use super::tool::{EtcdTool, MemberParams};
+
+/// How the restored key-value hash compared with the live cluster's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashCheck {
+    Match {
+        revision: i64,
+        hash: u32,
+    },
+    Mismatch {
+        revision: i64,
+        restored: u32,
+        live: u32,
+    },
+    /// Not compared, and why (the revision is compacted away on the live cluster, …).
+    Skipped {
+        reason: String,
+    },
+    /// The drill failed before it could compare.
+    NotRun,
+}
+
+impl HashCheck {
+    fn word(&self) -> &'static str {
+        match self {
+            HashCheck::Match { .. } => "match",
+            HashCheck::Mismatch { .. } => "mismatch",
+            HashCheck::Skipped { .. } => "skipped",
+            HashCheck::NotRun => "not_run",
+        }
+    }
+}
+
+/// One drill's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrillOutcome {
+    pub snapshot: String,
+    pub passed: bool,
+    pub restored_revision: Option<i64>,
+    pub total_keys: Option<u64>,
+    pub hash: HashCheck,
+    /// A sentence: what was proven, or what failed.
+    pub detail: String,
+    /// The stored bytes fail their checksum: the snapshot is now marked unverified.
+    pub corrupt: bool,
+}
+
+impl DrillOutcome {
+    pub fn record(&self, now: SystemTime) -> DrillRecord {
+        let (time, time_unix) = manifest::timestamps(now);
+        DrillRecord {
+            time,
+            time_unix,
+            passed: self.passed,
+            restored_revision: self.restored_revision,
+            hash_check: self.hash.word().to_string(),
+            detail: self.detail.clone(),
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "snapshot": self.snapshot,
+            "passed": self.passed,
+            "restored_revision": self.restored_revision,
+            "total_keys": self.total_keys,
+            "hash_check": self.hash.word(),
+            "detail": self.detail,
+        })
+    }
+}
+
+/// What the drill needs besides the snapshot.
+#[derive(Debug, Clone)]
+pub struct DrillSetup {
+    pub tool: EtcdTool,
+    /// The etcd binary the throw-away member runs (the same release as the cluster).
+    pub etcd_bin: PathBuf,
+    /// The agent's own scratch space: emptied and reused by every drill.
+    pub scratch_dir: PathBuf,
+    /// How long the throw-away etcd may take to serve.
+    pub start_timeout: Duration,
+}
+
+fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
+    DrillOutcome {
+        snapshot: m.name.clone(),
+        passed: false,
+        restored_revision: restored,
+        total_keys: None,
+        hash: HashCheck::NotRun,
+        detail,
+        corrupt: false,
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Drills snapshot `m` against `live` (a member of the running cluster), records the
+/// outcome in its manifest, and returns it. A snapshot whose stored bytes fail their
+/// checksum is also marked `verified: false`, so no restore ever uses it. An error is
+/// returned only when the store cannot be read or written (try again later).
+pub async fn drill<L: SnapshotSource>(
+    store: &Store,
+    m: &Manifest,
+    setup: &DrillSetup,
+    live: &L,
+    now: SystemTime,
+) -> Result<DrillOutcome, StoreError> {
+    let outcome = run(store, m, setup, live).await?;
+    let mut updated = m.clone();
+    updated.drill = Some(outcome.record(now));
+    if outcome.corrupt {
+        updated.verified = false;
+        updated.unverified_reason = Some(outcome.detail.clone());
+    }
+    snapshot::write_manifest(store, &updated).await?;
+    let _ = std::fs::remove_dir_all(setup.scratch_dir.join("drill"));
+    Ok(outcome)
+}
+
+async fn run<L: SnapshotSource>(
+    store: &Store,
+    m: &Manifest,
+    setup: &DrillSetup,
+    live: &L,
+) -> Result<DrillOutcome, StoreError> {
+    let work = setup.scratch_dir.join("drill");
+    if work.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&work) {
+            return Ok(fail(
+                m,
+                None,
+                format!("cannot empty the scratch directory {work:?}: {e}"),
+            ));
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&work) {
+        return Ok(fail(
+            m,
+            None,
+            format!("cannot create the scratch directory {work:?}: {e}"),
+        ));
+    }
+    let file = work.join("snapshot.db");
+    match restore::fetch_verified(store, m, &file).await {
+        Ok(()) => {}
+        Err(RestoreError::Store(e)) => return Err(e),
+        Err(e @ RestoreError::Checksum { .. }) => {
+            return Ok(DrillOutcome {
+                corrupt: true,
+                ..fail(m, None, format!("download: {e}"))
+            })
+        }
+        Err(e) => return Ok(fail(m, None, format!("download: {e}"))),
+    }
+    let status = match setup.tool.status(&file).await {
+        Ok(s) => s,
+        Err(e) => return Ok(fail(m, None, format!("integrity: {e}"))),
+    };
+    if status.revision < m.revision {
+        return Ok(fail(
+            m,
+            Some(status.revision),
+            format!(
+                "the restored revision {} is older than the manifest's {}",
+                status.revision, m.revision
+            ),
+        ));
+    }
+    let (peer, client) = match (free_port(), free_port()) {
+        (Ok(p), Ok(c)) => (p, c),
+        (Err(e), _) | (_, Err(e)) => {
+            return Ok(fail(m, Some(status.revision), format!("no free port: {e}")))
+        }
+    };
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let member = MemberParams {
+        name: "drill".into(),
+        initial_cluster: format!("drill={peer_url}"),
+        token: format!("drill-{}", m.name),
+        peer_url: peer_url.clone(),
+    };
+    let data = work.join("data");
+    if let Err(e) = restore::restore_into(&setup.tool, &file, &m.name, &member, &data).await {
+        return Ok(fail(m, Some(status.revision), format!("restore: {e}")));
+    }
+    let client_url = format!("http://127.0.0.1:{client}");
+    // A clean environment: etcd reads ETCD_* variables as flags, and the sidecar's own
+    // (ETCD_STEWARD_*) are not meant for it.
+    let mut etcd = match tokio::process::Command::new(&setup.etcd_bin)
+        .env_clear()
+        .arg("--name=drill")
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=drill={peer_url}"))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(fail(
+                m,
+                Some(status.revision),
+                format!("cannot start {:?}: {e}", setup.etcd_bin),
+            ))
+        }
+    };
+    let hash = compare(status.revision, client, setup.start_timeout, live).await;
+    let _ = etcd.kill().await;
+    let (passed, detail) = match &hash {
+        HashCheck::Match { revision, hash } => (
+            true,
+            format!("restored revision {revision} with {} keys; HashKV {hash:#x} matches the live cluster's", status.total_key),
+        ),
+        HashCheck::Skipped { reason } => (
+            true,
+            format!("restored revision {} with {} keys (integrity checked); hash not compared: {reason}", status.revision, status.total_key),
+        ),
+        HashCheck::Mismatch { revision, restored, live } => (
+            false,
+            format!("HashKV at revision {revision}: restored {restored:#x}, live {live:#x}"),
+        ),
+        HashCheck::NotRun => (
+            false,
+            format!("the restored etcd did not serve within {:?}", setup.start_timeout),
+        ),
+    };
+    Ok(DrillOutcome {
+        snapshot: m.name.clone(),
+        passed,
+        restored_revision: Some(status.revision),
+        total_keys: Some(status.total_key),
+        hash,
+        detail,
+        corrupt: false,
+    })
+}
+
+async fn compare<L: SnapshotSource>(
+    revision: i64,
+    client_port: u16,
+    start_timeout: Duration,
+    live: &L,
+) -> HashCheck {
+    let target = EtcdTarget {
+        host: "127.0.0.1".into(),
+        ip: [127, 0, 0, 1].into(),
+        port: client_port,
+        tls: None,
+        auth: None,
+    };
+    let deadline = tokio::time::Instant::now() + start_timeout;
+    let restored = loop {
+        let attempt = async {
+            let src = EtcdSource::connect(&target).await?;
+            src.hash_kv(revision).await
+        };
+        match attempt.await {
+            Ok(h) => break h,
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(error = %e, "the drill's throw-away etcd did not serve in time");
+                return HashCheck::NotRun;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    match live.hash_kv(revision).await {
+        Ok(l) if l.compact_revision != restored.compact_revision => HashCheck::Skipped {
+            reason: format!(
+                "the live cluster compacted to revision {} since the snapshot (at {})",
+                l.compact_revision, restored.compact_revision
+            ),
+        },
+        Ok(l) if l.hash == restored.hash => HashCheck::Match {
+            revision,
+            hash: l.hash,
+        },
+        Ok(l) => HashCheck::Mismatch {
+            revision,
+            restored: restored.hash,
+            live: l.hash,
+        },
+        Err(SourceError::Compacted { .. }) => HashCheck::Skipped {
+            reason: format!("revision {revision} is compacted away on the live cluster"),
+        },
+        Err(e) => HashCheck::Skipped {
+            reason: format!("the live cluster's HashKV is unavailable: {e}"),
+        },
+    }
+}
+
+/// The scratch path a drill uses (for logs and tests).
+pub fn work_dir(scratch: &Path) -> PathBuf {
+    scratch.join("drill")
+}

@@ -1,0 +1,200 @@
+//! Backups: checked etcd snapshots streamed into an object store, listed and pruned, restored
+//! into an empty data directory, and proven restorable by a drill.
+//!
+//! The pieces, each callable on its own: [`store`] (the object store behind a narrow API),
+//! [`snapshot`] (take one: etcd's stream → multipart upload, checksum verified on the way),
+//! [`catalog`] (list manifests, prune), [`restore`] (fetch, verify, `etcdutl snapshot restore`,
+//! move into place), [`drill`] (restore the newest into scratch and compare with the live
+//! cluster), [`schedule`] (pure: take one now? drill now? and the metric values).
+
+pub mod catalog;
+pub mod drill;
+pub mod manifest;
+pub mod restore;
+pub mod schedule;
+pub mod snapshot;
+pub mod store;
+pub mod tool;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use tool::EtcdTool;
+
+/// Which snapshot `init` restores when every volume is lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreChoice {
+    /// The newest snapshot that is verified and whose download passes its checksums.
+    Latest,
+    /// Never restore: form an empty cluster as without backups.
+    Never,
+    /// This snapshot (its name as `backup --list` prints it).
+    Named(String),
+}
+
+/// The validated backup options (`Config::backup`, present when `--backup-url` is given).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupConfig {
+    /// `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` or `file:///path`.
+    pub url: String,
+    pub interval: Duration,
+    /// How many of the newest snapshots to keep (the newest verified one is always kept).
+    pub keep: usize,
+    /// etcd's offline tool: `etcdutl` (3.5+) or `etcdctl` (3.4).
+    pub tool: EtcdTool,
+    /// Where the drill restores and runs its throw-away etcd (an emptyDir in the manifests).
+    pub scratch_dir: PathBuf,
+    pub restore: RestoreChoice,
+}
+
+use std::time::SystemTime;
+
+use thiserror::Error;
+
+use manifest::Manifest;
+use schedule::{BackupMetrics, Take};
+use snapshot::SnapshotSource;
+use store::{Store, StoreError};
+
+#[derive(Debug, Error)]
+pub enum BackupError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Take(#[from] snapshot::TakeError),
+    #[error(transparent)]
+    Source(#[from] snapshot::SourceError),
+    /// Stored and listed, marked `verified: false`; never restored.
+    #[error("snapshot {} is stored but not verified: {}", .0.name, .0.unverified_reason.as_deref().unwrap_or("no reason recorded"))]
+    Unverified(Box<Manifest>),
+}
+
+/// What one [`Backups::tick`] did.
+#[derive(Debug, Default)]
+pub struct TickReport {
+    pub taken: Option<Manifest>,
+    pub pruned: Vec<String>,
+    pub drilled: Option<drill::DrillOutcome>,
+    /// The snapshot attempt's failure, already counted in the metrics.
+    pub take_error: Option<String>,
+}
+
+/// Backups for one running agent: the store and what the drill needs.
+#[derive(Debug, Clone)]
+pub struct Backups {
+    pub config: BackupConfig,
+    pub store: Store,
+    pub drill: drill::DrillSetup,
+}
+
+impl Backups {
+    /// Opens the store (no network call yet). `etcd_bin` runs the drill's throw-away etcd.
+    pub fn new(config: &BackupConfig, etcd_bin: PathBuf) -> Result<Backups, StoreError> {
+        Ok(Backups {
+            store: Store::open(&config.url)?,
+            drill: drill::DrillSetup {
+                tool: config.tool.clone(),
+                etcd_bin,
+                scratch_dir: config.scratch_dir.clone(),
+                start_timeout: Duration::from_secs(30),
+            },
+            config: config.clone(),
+        })
+    }
+
+    /// Takes one snapshot now from `source` and checks it; an unverified one is an error
+    /// (it stays in the store, marked, and is never restored).
+    pub async fn take_now<S: SnapshotSource>(
+        &self,
+        source: &S,
+        now: SystemTime,
+    ) -> Result<Manifest, BackupError> {
+        let m = snapshot::take(source, &self.store, now).await?;
+        if !m.verified {
+            return Err(BackupError::Unverified(Box::new(m)));
+        }
+        Ok(m)
+    }
+
+    /// Every snapshot's manifest, newest first.
+    pub async fn list(&self) -> Result<Vec<Manifest>, StoreError> {
+        catalog::list(&self.store).await
+    }
+
+    /// Drills the newest verified snapshot against `live`; `None` when there is none.
+    pub async fn drill_newest<S: SnapshotSource>(
+        &self,
+        live: &S,
+        now: SystemTime,
+    ) -> Result<Option<drill::DrillOutcome>, StoreError> {
+        let manifests = self.list().await?;
+        match manifests.iter().find(|m| m.verified) {
+            Some(m) => Ok(Some(
+                drill::drill(&self.store, m, &self.drill, live, now).await?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The sidecar's periodic step: when this member leads and a snapshot is due (by the
+    /// store's newest one), take it from `source` (the local member) and apply retention;
+    /// then drill the newest verified snapshot if it has not been drilled. A follower makes
+    /// no call at all; a leader lists the store's manifests (one GET each) every call, so
+    /// call it every 10–30 s, not every loop turn.
+    /// Updates `metrics`; a failed snapshot is counted and retried at the next tick.
+    pub async fn tick<S: SnapshotSource>(
+        &self,
+        source: &S,
+        is_leader: bool,
+        now: SystemTime,
+        metrics: &mut BackupMetrics,
+    ) -> Result<TickReport, StoreError> {
+        let mut report = TickReport::default();
+        if !is_leader {
+            return Ok(report);
+        }
+        let mut manifests = match self.list().await {
+            Ok(m) => m,
+            Err(e) => {
+                metrics.snapshot_failed(Duration::ZERO);
+                return Err(e);
+            }
+        };
+        let newest = manifests.first().map(Manifest::time);
+        if let Take::Now(why) = schedule::should_take(is_leader, newest, now, self.config.interval)
+        {
+            let started = tokio::time::Instant::now();
+            match snapshot::take(source, &self.store, now).await {
+                Ok(m) => {
+                    metrics.snapshot_taken(&m, started.elapsed(), now);
+                    tracing::info!(snapshot = %m.name, revision = m.revision, size = m.size,
+                        verified = m.verified, why = ?why, "snapshot taken");
+                    report.taken = Some(m);
+                }
+                Err(e) => {
+                    metrics.snapshot_failed(started.elapsed());
+                    tracing::warn!(error = %e, "snapshot failed; retried at the next tick");
+                    report.take_error = Some(e.to_string());
+                }
+            }
+            // Retention runs after each attempt (it also clears failed uploads' leftovers).
+            report.pruned = catalog::prune(&self.store, self.config.keep).await?;
+            manifests = self.list().await?;
+        }
+        if let Some(m) = schedule::should_drill(is_leader, &manifests) {
+            match drill::drill(&self.store, m, &self.drill, source, now).await {
+                Ok(outcome) => {
+                    metrics.drilled(&outcome, now);
+                    tracing::info!(snapshot = %outcome.snapshot, passed = outcome.passed,
+                        detail = %outcome.detail, "restore drill");
+                    report.drilled = Some(outcome);
+                }
+                Err(e) => {
+                    metrics.drill_failed();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,353 @@
+//! Restoring a snapshot into an empty data directory: pick a usable snapshot, download it
+//! to a local file checking both its manifest's SHA-256 and etcd's own trailer, run etcd's
+//! `snapshot restore` into a staging directory inside the data directory, then move the
+//! result into place — `member/snap` first, `member/wal` last. The WAL's arrival is the
+//! commit point: before it the volume is still empty to etcd and to `init`.
+//!
+//! Never over data: a data directory that holds a `*.wal` is refused. Every step can be
+//! killed and re-run: the staging directory is the agent's own and is redone or finished;
+//! anything else found in the way is renamed aside, never deleted.
+
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use thiserror::Error;
+use tokio::io::AsyncWriteExt;
+
+use super::catalog;
+use super::manifest::Manifest;
+use super::snapshot::StreamCheck;
+use super::store::{Store, StoreError};
+use super::tool::{EtcdTool, MemberParams, ToolError};
+use super::RestoreChoice;
+
+#[derive(Debug, Error)]
+pub enum RestoreError {
+    /// The data directory holds a WAL: a restore never writes over data.
+    #[error("{path:?} already holds etcd data (a WAL): a restore never writes over data")]
+    HasData { path: PathBuf },
+    #[error("snapshot {name} fails its checksum: {detail}")]
+    Checksum { name: String, detail: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("restoring snapshot {name}: {source}")]
+    Tool { name: String, source: ToolError },
+    #[error("restore: {op} {path:?}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RestoreError + 'a {
+    move |source| RestoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The staging directory a restore works in, inside the data directory (same file
+/// system, so the final moves are renames), beside init's formation marker.
+pub fn staging_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("member").join("steward").join("restore")
+}
+
+/// Does `data_dir` hold a WAL (what "has data" means to etcd and to init)?
+pub fn has_wal(data_dir: &Path) -> Result<bool, RestoreError> {
+    let wal = data_dir.join("member").join("wal");
+    match std::fs::read_dir(&wal) {
+        Ok(entries) => {
+            for e in entries {
+                let e = e.map_err(io("read", &wal))?;
+                if e.file_name().to_string_lossy().ends_with(".wal") {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io("read", &wal)(e)),
+    }
+}
+
+/// Downloads snapshot `m` to `dest`, streaming, and checks it: the SHA-256 of the whole
+/// object against the manifest, and etcd's trailer against the database. `dest` appears
+/// only once both match (written as `dest.partial` first).
+pub async fn fetch_verified(store: &Store, m: &Manifest, dest: &Path) -> Result<(), RestoreError> {
+    let partial = dest.with_extension("partial");
+    let mut stream = store.get_stream(&m.db_object()).await?;
+    let mut file = tokio::fs::File::create(&partial)
+        .await
+        .map_err(io("create", &partial))?;
+    let mut check = StreamCheck::default();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        check.update(&chunk);
+        file.write_all(&chunk)
+            .await
+            .map_err(io("write", &partial))?;
+    }
+    file.sync_all().await.map_err(io("sync", &partial))?;
+    drop(file);
+    let checked = check.finish();
+    let problem = if checked.sha256 != m.sha256 || checked.size != m.size {
+        Some(format!(
+            "the stored object ({} bytes, SHA-256 {}) differs from its manifest ({} bytes, SHA-256 {})",
+            checked.size, checked.sha256, m.size, m.sha256
+        ))
+    } else {
+        checked.trailer.err()
+    };
+    if let Some(detail) = problem {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(RestoreError::Checksum {
+            name: m.name.clone(),
+            detail,
+        });
+    }
+    tokio::fs::rename(&partial, dest)
+        .await
+        .map_err(io("rename", dest))?;
+    Ok(())
+}
+
+/// Which snapshot to restore, once looked for.
+#[derive(Debug)]
+pub enum Pick {
+    /// Downloaded and verified to `file`.
+    Chosen {
+        manifest: Box<Manifest>,
+        file: PathBuf,
+    },
+    /// The store holds no backups at all.
+    NoBackups,
+    /// Backups exist, but none is usable (each with why): wait, never form an empty cluster.
+    NoneUsable { skipped: Vec<(String, String)> },
+    /// `--restore never`.
+    Disabled,
+}
+
+/// Finds the snapshot `choice` names and downloads it into `dir`: `Latest` is the newest
+/// verified snapshot whose download passes both checksums, skipping (with a log line)
+/// every one that does not. A store that cannot be read is an error (try again later).
+pub async fn pick(store: &Store, choice: &RestoreChoice, dir: &Path) -> Result<Pick, RestoreError> {
+    let wanted = match choice {
+        RestoreChoice::Never => return Ok(Pick::Disabled),
+        RestoreChoice::Latest => None,
+        RestoreChoice::Named(n) => Some(n.as_str()),
+    };
+    let manifests = catalog::list(store).await?;
+    if manifests.is_empty() {
+        return Ok(Pick::NoBackups);
+    }
+    create_private_dir(dir)?;
+    let mut skipped = Vec::new();
+    let candidates = manifests
+        .into_iter()
+        .filter(|m| wanted.is_none_or(|w| w == m.name));
+    for m in candidates {
+        if !m.verified {
+            let why = format!(
+                "not verified when taken: {}",
+                m.unverified_reason
+                    .as_deref()
+                    .unwrap_or("no reason recorded")
+            );
+            tracing::warn!(snapshot = %m.name, reason = %why, "snapshot skipped for restore");
+            skipped.push((m.name.clone(), why));
+            continue;
+        }
+        let file = dir.join(format!("{}.db", m.name));
+        match fetch_verified(store, &m, &file).await {
+            Ok(()) => {
+                return Ok(Pick::Chosen {
+                    manifest: Box::new(m),
+                    file,
+                })
+            }
+            Err(e @ RestoreError::Checksum { .. })
+            | Err(e @ RestoreError::Store(StoreError::NotFound { .. })) => {
+                tracing::warn!(snapshot = %m.name, reason = %e, "snapshot skipped for restore");
+                skipped.push((m.name.clone(), e.to_string()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let (Some(w), true) = (wanted, skipped.is_empty()) {
+        skipped.push((
+            w.to_string(),
+            "no snapshot of that name in the store".into(),
+        ));
+    }
+    Ok(Pick::NoneUsable { skipped })
+}
+
+/// The outcome of a completed restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restored {
+    /// The WAL was moved into place by this call.
+    Now,
+    /// A previous run had committed (moved the WAL) and was killed before cleaning up:
+    /// this call finished the clean-up.
+    Earlier,
+}
+
+const COMPLETE: &str = "out.complete";
+
+/// Creates `dir` and its parents as etcd wants its directories: owner only.
+fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io("create", dir))
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+/// Moves `path` aside under `member/steward/set-aside/` (never deletes it); logs where.
+fn set_aside(data_dir: &Path, path: &Path, what: &str) -> Result<(), RestoreError> {
+    let dir = data_dir.join("member").join("steward").join("set-aside");
+    create_private_dir(&dir)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let to = dir.join(format!("{what}-before-restore-{stamp}"));
+    std::fs::rename(path, &to).map_err(io("rename", path))?;
+    tracing::warn!(from = %path.display(), to = %to.display(), "found in the way of the restore, set aside");
+    Ok(())
+}
+
+/// Restores `snapshot` (a verified local file) into `data_dir` for `member`. Refuses a
+/// data directory holding a WAL, unless the WAL is this restore's own committed result
+/// (a re-run after a kill), in which case it only finishes the clean-up.
+pub async fn restore_into(
+    tool: &EtcdTool,
+    snapshot: &Path,
+    name: &str,
+    member: &MemberParams,
+    data_dir: &Path,
+) -> Result<Restored, RestoreError> {
+    let staging = staging_dir(data_dir);
+    let complete = staging.join(COMPLETE);
+    let member_dir = data_dir.join("member");
+    if has_wal(data_dir)? {
+        if complete.exists() {
+            cleanup(&staging, snapshot)?;
+            return Ok(Restored::Earlier);
+        }
+        return Err(RestoreError::HasData {
+            path: data_dir.to_path_buf(),
+        });
+    }
+    create_private_dir(&staging)?;
+    let out = staging.join("out");
+    if !complete.exists() {
+        // A partial result of an earlier run: the agent's own scratch, redone.
+        if out.exists() {
+            std::fs::remove_dir_all(&out).map_err(io("remove", &out))?;
+        }
+        tool.restore(snapshot, member, &out)
+            .await
+            .map_err(|source| RestoreError::Tool {
+                name: name.to_string(),
+                source,
+            })?;
+        std::fs::write(&complete, name).map_err(io("write", &complete))?;
+        sync_dir(&staging);
+    }
+    for part in ["snap", "wal"] {
+        let from = out.join("member").join(part);
+        let to = member_dir.join(part);
+        if from.exists() {
+            if to.exists() {
+                set_aside(data_dir, &to, part)?;
+            }
+            std::fs::rename(&from, &to).map_err(io("rename", &from))?;
+            sync_dir(&member_dir);
+        }
+    }
+    cleanup(&staging, snapshot)?;
+    Ok(Restored::Now)
+}
+
+fn cleanup(staging: &Path, snapshot: &Path) -> Result<(), RestoreError> {
+    // Only the agent's own files: the staging output, its marker, and a snapshot file
+    // downloaded into the staging directory.
+    let out = staging.join("out");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(io("remove", &out))?;
+    }
+    if snapshot.starts_with(staging) && snapshot.exists() {
+        std::fs::remove_file(snapshot).map_err(io("remove", snapshot))?;
+    }
+    let complete = staging.join(COMPLETE);
+    if complete.exists() {
+        std::fs::remove_file(&complete).map_err(io("remove", &complete))?;
+    }
+    let _ = std::fs::remove_dir(staging);
+    Ok(())
+}
+
+/// What [`restore`] did.
+#[derive(Debug)]
+pub enum RestoreOutcome {
+    Restored { manifest: Box<Manifest> },
+    NoBackups,
+    NoneUsable { skipped: Vec<(String, String)> },
+    Disabled,
+}
+
+/// The member parameters for pod `cfg.identity.ordinal` of a cluster formed from a
+/// snapshot by all `cfg.replicas` initial pods: every pod restores the same snapshot with
+/// the same (fresh) `token`, so they form one new cluster with new member IDs.
+pub fn formation_member(cfg: &crate::config::Config, token: &str) -> MemberParams {
+    let id = &cfg.identity;
+    MemberParams {
+        name: id.name(),
+        initial_cluster: id.initial_cluster(cfg.replicas),
+        token: token.to_string(),
+        peer_url: id.peer_url(id.ordinal),
+    }
+}
+
+/// Init's one call: when `data_dir` holds no WAL, pick the snapshot `choice` names,
+/// download and verify it into the staging directory, and restore it for `member`.
+pub async fn restore(
+    store: &Store,
+    choice: &RestoreChoice,
+    tool: &EtcdTool,
+    member: &MemberParams,
+    data_dir: &Path,
+) -> Result<RestoreOutcome, RestoreError> {
+    if has_wal(data_dir)? && !staging_dir(data_dir).join(COMPLETE).exists() {
+        return Err(RestoreError::HasData {
+            path: data_dir.to_path_buf(),
+        });
+    }
+    let staging = staging_dir(data_dir);
+    match pick(store, choice, &staging).await? {
+        Pick::Chosen { manifest, file } => {
+            restore_into(tool, &file, &manifest.name, member, data_dir).await?;
+            let age = std::time::SystemTime::now()
+                .duration_since(manifest.time())
+                .unwrap_or_default();
+            tracing::info!(snapshot = %manifest.name, revision = manifest.revision,
+                taken = %manifest.time, age = %humantime::format_duration(std::time::Duration::from_secs(age.as_secs())),
+                member = %member.name, data_dir = %data_dir.display(),
+                "restored from a backup: writes after this snapshot are not in it");
+            Ok(RestoreOutcome::Restored { manifest })
+        }
+        Pick::NoBackups => Ok(RestoreOutcome::NoBackups),
+        Pick::NoneUsable { skipped } => Ok(RestoreOutcome::NoneUsable { skipped }),
+        Pick::Disabled => Ok(RestoreOutcome::Disabled),
+    }
+}

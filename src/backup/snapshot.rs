@@ -1,0 +1,475 @@
+//! Taking a snapshot: etcd's Maintenance.Snapshot stream goes straight into a multipart
+//! upload (memory bounded whatever the database's size) while two SHA-256s run over it:
+//! one over the whole object (for later downloads) and one over the database, checked
+//! against the 32-byte SHA-256 etcd appends to the stream. The manifest is written last.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::manifest::{self, Manifest};
+use super::store::{Store, StoreError};
+
+/// The length of etcd's SHA-256 trailer.
+pub const TRAILER: usize = 32;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SourceError {
+    #[error("etcd at {endpoint} is unreachable: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+    /// The requested revision is older than the member's compacted revision.
+    #[error("revision {revision} is compacted away at etcd {endpoint}")]
+    Compacted { endpoint: String, revision: i64 },
+    #[error("etcd at {endpoint}: {detail}")]
+    Other { endpoint: String, detail: String },
+}
+
+/// The member a snapshot is taken from, as it describes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceInfo {
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub revision: i64,
+    pub version: String,
+}
+
+/// A member's key-value hash at a revision (`HashKV`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvHash {
+    pub hash: u32,
+    /// The compacted revision the hash starts from: two hashes compare only when equal.
+    pub compact_revision: i64,
+}
+
+pub type Chunks = BoxStream<'static, Result<Bytes, SourceError>>;
+
+/// Where snapshots come from: one etcd member.
+pub trait SnapshotSource: Send + Sync {
+    fn info(&self) -> impl Future<Output = Result<SourceInfo, SourceError>> + Send;
+    /// The snapshot stream: the database, then etcd's 32-byte SHA-256 of it.
+    fn snapshot(&self) -> impl Future<Output = Result<Chunks, SourceError>> + Send;
+    /// `HashKV` at `revision`.
+    fn hash_kv(&self, revision: i64) -> impl Future<Output = Result<KvHash, SourceError>> + Send;
+}
+
+/// The etcd-client implementation: one connection to one member, with no per-request
+/// time-out on the snapshot stream (a large database streams for minutes).
+#[derive(Clone)]
+pub struct EtcdSource {
+    client: etcd_client::Client,
+    endpoint: String,
+}
+
+/// How to reach the member: TLS and credentials as the rest of the agent uses them.
+#[derive(Debug, Clone)]
+pub struct EtcdTarget {
+    pub host: String,
+    pub ip: IpAddr,
+    pub port: u16,
+    pub tls: Option<crate::tls::TlsMaterial>,
+    pub auth: Option<crate::config::Auth>,
+}
+
+impl EtcdTarget {
+    /// The local member, as `cfg` describes it.
+    pub fn local(cfg: &crate::config::Config) -> Self {
+        EtcdTarget {
+            host: cfg.identity.host(cfg.identity.ordinal),
+            ip: cfg.local_ip(),
+            port: cfg.identity.client_port,
+            tls: cfg.client_tls.clone(),
+            auth: cfg.auth.clone(),
+        }
+    }
+}
+
+/// Calls other than the stream get this long.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn source_error(endpoint: &str, e: etcd_client::Error) -> SourceError {
+    let detail = match &e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+        other => other.to_string(),
+    };
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
+            SourceError::Unreachable {
+                endpoint: endpoint.to_string(),
+                detail,
+            }
+        }
+        _ => SourceError::Other {
+            endpoint: endpoint.to_string(),
+            detail,
+        },
+    }
+}
+
+impl EtcdSource {
+    pub async fn connect(target: &EtcdTarget) -> Result<EtcdSource, SourceError> {
+        let addr = std::net::SocketAddr::new(target.ip, target.port);
+        let scheme = if target.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = format!("{}:{}", target.host, target.port);
+        let mut options =
+            etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(3));
+        if let Some(tls) = &target.tls {
+            options = options.with_tls(tls.etcd_client_tls(&target.host));
+        }
+        if let Some(auth) = &target.auth {
+            options = options
+                .with_user(auth.username.clone(), auth.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let client = tokio::time::timeout(
+            CALL_TIMEOUT,
+            etcd_client::Client::connect([format!("{scheme}://{addr}")], Some(options)),
+        )
+        .await
+        .map_err(|_| SourceError::Unreachable {
+            endpoint: endpoint.clone(),
+            detail: "connect timed out".into(),
+        })?
+        .map_err(|e| source_error(&endpoint, e))?;
+        Ok(EtcdSource { client, endpoint })
+    }
+
+    async fn timed<T>(
+        &self,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, SourceError> {
+        match tokio::time::timeout(CALL_TIMEOUT, f).await {
+            Ok(r) => r.map_err(|e| source_error(&self.endpoint, e)),
+            Err(_) => Err(SourceError::Other {
+                endpoint: self.endpoint.clone(),
+                detail: "no answer in time".into(),
+            }),
+        }
+    }
+}
+
+impl SnapshotSource for EtcdSource {
+    async fn info(&self) -> Result<SourceInfo, SourceError> {
+        let mut c = self.client.clone();
+        let s = self.timed(c.status()).await?;
+        let (cluster_id, member_id, revision) = s
+            .header()
+            .map(|h| (h.cluster_id(), h.member_id(), h.revision()))
+            .unwrap_or_default();
+        Ok(SourceInfo {
+            cluster_id,
+            member_id,
+            revision,
+            version: s.version().to_string(),
+        })
+    }
+
+    async fn snapshot(&self) -> Result<Chunks, SourceError> {
+        let mut c = self.client.clone();
+        let stream = self.timed(c.snapshot()).await?;
+        let endpoint = self.endpoint.clone();
+        let chunks = futures_util::stream::unfold(Some(stream), move |state| {
+            let endpoint = endpoint.clone();
+            async move {
+                let mut stream = state?;
+                match stream.message().await {
+                    Ok(Some(resp)) => Some((Ok(Bytes::copy_from_slice(resp.blob())), Some(stream))),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(source_error(&endpoint, e)), None)),
+                }
+            }
+        });
+        Ok(chunks.boxed())
+    }
+
+    async fn hash_kv(&self, revision: i64) -> Result<KvHash, SourceError> {
+        let mut c = self.client.clone();
+        let answer = tokio::time::timeout(CALL_TIMEOUT, c.hash_kv(revision))
+            .await
+            .map_err(|_| SourceError::Other {
+                endpoint: self.endpoint.clone(),
+                detail: "no answer in time".into(),
+            })?;
+        match answer {
+            Ok(r) => Ok(KvHash {
+                hash: r.hash(),
+                compact_revision: r.compact_version(),
+            }),
+            // etcd's ErrGRPCCompacted.
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::OutOfRange => {
+                Err(SourceError::Compacted {
+                    endpoint: self.endpoint.clone(),
+                    revision,
+                })
+            }
+            Err(e) => Err(source_error(&self.endpoint, e)),
+        }
+    }
+}
+
+/// The running checksums of a snapshot stream. The last 32 bytes seen are held back from
+/// the database hash, since they may be etcd's trailer.
+#[derive(Default)]
+pub struct StreamCheck {
+    whole: Sha256,
+    db: Sha256,
+    tail: Vec<u8>,
+    size: u64,
+}
+
+/// What the checksums found once the stream ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub size: u64,
+    /// SHA-256 of every byte, hexadecimal.
+    pub sha256: String,
+    /// `Err(why)` when etcd's trailer is missing or does not match the database.
+    pub trailer: Result<(), String>,
+}
+
+impl StreamCheck {
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.whole.update(chunk);
+        self.size += chunk.len() as u64;
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > TRAILER {
+            let n = self.tail.len() - TRAILER;
+            self.db.update(&self.tail[..n]);
+            self.tail.drain(..n);
+        }
+    }
+
+    pub fn finish(self) -> Checked {
+        let trailer = if self.tail.len() < TRAILER {
+            Err(format!(
+                "the snapshot is {} bytes, too short to hold etcd's SHA-256 trailer",
+                self.size
+            ))
+        } else if self.db.finalize().as_slice() == self.tail.as_slice() {
+            Ok(())
+        } else {
+            Err("etcd's SHA-256 trailer does not match the database".to_string())
+        };
+        Checked {
+            size: self.size,
+            sha256: hex(&self.whole.finalize()),
+            trailer,
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Debug, Error)]
+pub enum TakeError {
+    #[error("cannot take a snapshot: {0}")]
+    Source(#[from] SourceError),
+    #[error("cannot store the snapshot: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Takes one snapshot from `source` into `store`, taken at `now`: uploads it, checks it
+/// while streaming, and writes its manifest last. A snapshot whose trailer does not match
+/// is still stored and listed, marked `verified: false` with the reason, and never restored;
+/// the caller counts it as a failure.
+pub async fn take<S: SnapshotSource>(
+    source: &S,
+    store: &Store,
+    now: SystemTime,
+) -> Result<Manifest, TakeError> {
+    let info = source.info().await?;
+    let name = manifest::snapshot_name(now, info.revision);
+    let mut stream = source.snapshot().await?;
+    let mut upload = store.upload(&manifest::db_object(&name)).await?;
+    let mut check = StreamCheck::default();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                upload.abort().await;
+                return Err(e.into());
+            }
+        };
+        check.update(&chunk);
+        if let Err(e) = upload.write(&chunk).await {
+            upload.abort().await;
+            return Err(e.into());
+        }
+    }
+    upload.finish().await?;
+    let checked = check.finish();
+    let (time, time_unix) = manifest::timestamps(now);
+    let m = Manifest {
+        name,
+        cluster_id: format!("{:x}", info.cluster_id),
+        member_id: format!("{:x}", info.member_id),
+        revision: info.revision,
+        etcd_version: info.version,
+        size: checked.size,
+        sha256: checked.sha256,
+        time,
+        time_unix,
+        verified: checked.trailer.is_ok(),
+        unverified_reason: checked.trailer.err(),
+        drill: None,
+    };
+    write_manifest(store, &m).await?;
+    Ok(m)
+}
+
+/// Writes (or rewrites) a manifest.
+pub async fn write_manifest(store: &Store, m: &Manifest) -> Result<(), StoreError> {
+    let json = serde_json::to_vec_pretty(m).unwrap_or_default();
+    store.put(&m.json_object(), json).await
+}
+
+/// An in-memory source for tests: a database and a trailer (right or wrong), in chunks.
+#[derive(Debug, Clone)]
+pub struct FakeSource {
+    pub info: SourceInfo,
+    /// The whole stream, trailer included.
+    pub stream: Vec<u8>,
+    pub chunk: usize,
+    /// Fail the stream after this many bytes.
+    pub fail_after: Option<usize>,
+    pub hash: KvHash,
+}
+
+impl FakeSource {
+    /// A source streaming `db` followed by its correct SHA-256.
+    pub fn new(db: &[u8], revision: i64) -> Self {
+        let mut stream = db.to_vec();
+        stream.extend_from_slice(&Sha256::digest(db));
+        FakeSource {
+            info: SourceInfo {
+                cluster_id: 0xc1,
+                member_id: 0xa1,
+                revision,
+                version: "3.5.1".into(),
+            },
+            stream,
+            chunk: 7,
+            fail_after: None,
+            hash: KvHash {
+                hash: 1,
+                compact_revision: 0,
+            },
+        }
+    }
+}
+
+impl SnapshotSource for FakeSource {
+    async fn info(&self) -> Result<SourceInfo, SourceError> {
+        Ok(self.info.clone())
+    }
+
+    async fn snapshot(&self) -> Result<Chunks, SourceError> {
+        let end = self.fail_after.unwrap_or(self.stream.len());
+        let mut items: Vec<Result<Bytes, SourceError>> = self.stream[..end]
+            .chunks(self.chunk.max(1))
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        if self.fail_after.is_some() {
+            items.push(Err(SourceError::Unreachable {
+                endpoint: "fake".into(),
+                detail: "stream broken".into(),
+            }));
+        }
+        Ok(futures_util::stream::iter(items).boxed())
+    }
+
+    async fn hash_kv(&self, _revision: i64) -> Result<KvHash, SourceError> {
+        Ok(self.hash)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::backup::catalog;
+
+    fn check_all(bytes: &[u8], chunk: usize) -> Checked {
+        let mut c = StreamCheck::default();
+        for part in bytes.chunks(chunk) {
+            c.update(part);
+        }
+        c.finish()
+    }
+
+    #[test]
+    fn trailer_matches_whatever_the_chunking() {
+        let src = FakeSource::new(&[5u8; 1000], 1);
+        for chunk in [1, 7, 31, 32, 33, 1000, 5000] {
+            let c = check_all(&src.stream, chunk);
+            assert_eq!(c.trailer, Ok(()), "chunk {chunk}");
+            assert_eq!(c.size, 1032);
+            assert_eq!(c.sha256, hex(&Sha256::digest(&src.stream)));
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_the_trailer() {
+        let mut src = FakeSource::new(&[5u8; 1000], 1);
+        src.stream[10] ^= 1;
+        assert!(check_all(&src.stream, 64).trailer.is_err());
+    }
+
+    #[test]
+    fn a_stream_shorter_than_the_trailer_is_not_verified() {
+        assert!(check_all(&[1, 2, 3], 2).trailer.is_err());
+    }
+
+    fn file_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}/s", dir.path().display())).unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn take_uploads_the_snapshot_then_its_manifest() {
+        let (_dir, store) = file_store();
+        let src = FakeSource::new(b"database bytes", 42);
+        let m = take(&src, &store, SystemTime::UNIX_EPOCH).await.unwrap();
+        assert!(m.verified);
+        assert_eq!(m.revision, 42);
+        assert_eq!(m.cluster_id, "c1");
+        assert_eq!(m.name, "19700101T000000.000Z-r42");
+        assert_eq!(store.get(&m.db_object()).await.unwrap(), src.stream);
+        assert_eq!(catalog::list(&store).await.unwrap(), vec![m]);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_with_a_wrong_trailer_is_stored_but_marked_unverified() {
+        let (_dir, store) = file_store();
+        let mut src = FakeSource::new(b"database bytes", 3);
+        let last = src.stream.len() - 1;
+        src.stream[last] ^= 0xff;
+        let m = take(&src, &store, SystemTime::UNIX_EPOCH).await.unwrap();
+        assert!(!m.verified);
+        assert!(m.unverified_reason.unwrap().contains("trailer"));
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_leaves_no_manifest() {
+        let (_dir, store) = file_store();
+        let mut src = FakeSource::new(&[9u8; 100], 3);
+        src.fail_after = Some(50);
+        assert!(matches!(
+            take(&src, &store, SystemTime::UNIX_EPOCH).await,
+            Err(TakeError::Source(_))
+        ));
+        assert!(catalog::list(&store).await.unwrap().is_empty());
+    }
+}

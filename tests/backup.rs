@@ -1,0 +1,852 @@
+//! Backups against real parts: single-member etcd 3.5.1 and 3.4.23 started here on
+//! 127.0.0.1, an S3-compatible server (moto's server mode, on a loopback port) and
+//! `file://` stores in temporary directories. Run under the machine-wide lock:
+//! `flock /tmp/steward-it.lock cargo test --test backup`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_steward::backup::drill::{self, DrillSetup, HashCheck};
+use etcd_steward::backup::manifest::{self, Manifest};
+use etcd_steward::backup::restore::{self, Pick, RestoreError, RestoreOutcome, Restored};
+use etcd_steward::backup::snapshot::{self, EtcdSource, EtcdTarget, FakeSource};
+use etcd_steward::backup::store::Store;
+use etcd_steward::backup::tool::{EtcdTool, MemberParams};
+use etcd_steward::backup::{catalog, RestoreChoice};
+
+// ---- the parts ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy)]
+enum Release {
+    V35,
+    V34,
+}
+
+impl Release {
+    fn etcd(self) -> PathBuf {
+        match self {
+            Release::V35 => Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.1/etcd"),
+            Release::V34 => PathBuf::from("/usr/bin/etcd"),
+        }
+    }
+
+    fn tool(self) -> EtcdTool {
+        match self {
+            Release::V35 => EtcdTool::from_bin(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.1/etcdutl"),
+            ),
+            Release::V34 => EtcdTool::from_bin("/usr/bin/etcdctl"),
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member on 127.0.0.1, killed on drop.
+struct Etcd {
+    child: Child,
+    client: u16,
+    peer: u16,
+}
+
+impl Etcd {
+    /// Starts a member named `name` on `data` (new, or restored for `peer`).
+    async fn start(release: Release, name: &str, data: &Path, peer: Option<u16>) -> Etcd {
+        let client = free_port();
+        let peer = peer.unwrap_or_else(free_port);
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client}");
+        let child = Command::new(release.etcd())
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={name}={peer_url}"))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let etcd = Etcd {
+            child,
+            client,
+            peer,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut c) = etcd.try_client().await {
+                if c.get("probe", None).await.is_ok() {
+                    return etcd;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "etcd {name} did not serve"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn try_client(&self) -> Result<Client, etcd_client::Error> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(5));
+        Client::connect([format!("http://127.0.0.1:{}", self.client)], Some(options)).await
+    }
+
+    async fn client(&self) -> Client {
+        self.try_client().await.unwrap()
+    }
+
+    fn target(&self) -> EtcdTarget {
+        EtcdTarget {
+            host: "127.0.0.1".into(),
+            ip: [127, 0, 0, 1].into(),
+            port: self.client,
+            tls: None,
+            auth: None,
+        }
+    }
+
+    async fn source(&self) -> EtcdSource {
+        EtcdSource::connect(&self.target()).await.unwrap()
+    }
+
+    /// Writes `n` keys `<prefix>NNNN`; returns the last revision.
+    async fn put_keys(&self, prefix: &str, n: usize) -> i64 {
+        let mut c = self.client().await;
+        let mut rev = 0;
+        for i in 0..n {
+            let r = c
+                .put(format!("{prefix}{i:04}"), format!("value-{i}"), None)
+                .await
+                .unwrap();
+            rev = r.header().unwrap().revision();
+        }
+        rev
+    }
+
+    async fn keys(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut c = self.client().await;
+        let r = c
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key_str().unwrap().to_string(),
+                    kv.value_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// moto's S3 server on a loopback port, shared by the S3 tests. It stops when this test
+/// process exits (it runs until its standard input closes). The `AWS_*` variables the
+/// store reads are set once, before any S3 store is opened.
+fn moto() -> u16 {
+    static PORT: OnceLock<u16> = OnceLock::new();
+    *PORT.get_or_init(|| {
+        let port = free_port();
+        let script = format!(
+            "import sys\nfrom moto.server import ThreadedMotoServer\n\
+             s = ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False)\n\
+             s.start()\nprint('up', flush=True)\nsys.stdin.read()\ns.stop()\n"
+        );
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 with moto[server] (scripts/install-test-deps.sh)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "up", "moto server did not start");
+        // Keep its stdin open for the life of the process: leak the child.
+        std::mem::forget(child);
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}")),
+            ("AWS_ALLOW_HTTP", "true"),
+        ] {
+            std::env::set_var(k, v);
+        }
+        port
+    })
+}
+
+/// A fresh bucket on the moto server; the URL of a prefix in it.
+fn s3_url(bucket: &str) -> String {
+    let port = moto();
+    let status = Command::new("curl")
+        .args([
+            "-sf",
+            "-X",
+            "PUT",
+            &format!("http://127.0.0.1:{port}/{bucket}"),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "cannot create bucket {bucket}");
+    format!("s3://{bucket}/etcd/backups")
+}
+
+fn file_url(dir: &Path) -> String {
+    format!("file://{}/store", dir.display())
+}
+
+fn member(name: &str, peer: u16) -> MemberParams {
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    MemberParams {
+        name: name.into(),
+        initial_cluster: format!("{name}={peer_url}"),
+        token: "restored-token".into(),
+        peer_url,
+    }
+}
+
+// ---- round trips ---------------------------------------------------------------------------
+
+/// Keys written → snapshot into the store → restore into an empty directory → an etcd
+/// started on it holds every key.
+async fn round_trip(release: Release, url: String) {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(release, "live", &work.path().join("live"), None).await;
+    let rev = live.put_keys("/k/", 200).await;
+    let store = Store::open(&url).unwrap();
+    let m = snapshot::take(&live.source().await, &store, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(m.verified, "{m:?}");
+    assert_eq!(m.revision, rev);
+    assert_eq!(catalog::list(&store).await.unwrap(), vec![m.clone()]);
+    let written = live.keys("/k/").await;
+    drop(live);
+
+    let data = work.path().join("restored");
+    std::fs::create_dir_all(data.join("member/steward")).unwrap();
+    std::fs::write(data.join("member/steward/formation.json"), "{}").unwrap();
+    let peer = free_port();
+    let outcome = restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &release.tool(),
+        &member("restored", peer),
+        &data,
+    )
+    .await
+    .unwrap();
+    match outcome {
+        RestoreOutcome::Restored { manifest } => assert_eq!(manifest.name, m.name),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    assert!(restore::has_wal(&data).unwrap());
+    assert!(
+        data.join("member/steward/formation.json").exists(),
+        "init's formation marker is kept"
+    );
+    assert!(!restore::staging_dir(&data).exists(), "staging cleaned up");
+    let restored = Etcd::start(release, "restored", &data, Some(peer)).await;
+    assert_eq!(restored.keys("/k/").await, written);
+    assert_eq!(written.len(), 200);
+}
+
+#[tokio::test]
+async fn snapshot_round_trip_restores_every_key_on_file_store_with_etcd_3_5() {
+    let dir = tempfile::tempdir().unwrap();
+    round_trip(Release::V35, file_url(dir.path())).await;
+}
+
+#[tokio::test]
+async fn snapshot_round_trip_restores_every_key_on_file_store_with_etcd_3_4() {
+    let dir = tempfile::tempdir().unwrap();
+    round_trip(Release::V34, file_url(dir.path())).await;
+}
+
+#[tokio::test]
+async fn snapshot_round_trip_restores_every_key_on_s3_with_etcd_3_5() {
+    round_trip(Release::V35, s3_url("round-trip-35")).await;
+}
+
+#[tokio::test]
+async fn snapshot_round_trip_restores_every_key_on_s3_with_etcd_3_4() {
+    round_trip(Release::V34, s3_url("round-trip-34")).await;
+}
+
+// ---- choosing what to restore ---------------------------------------------------------------
+
+/// Takes a snapshot of `live` dated `secs` after the epoch (so names order as wanted).
+async fn take_at(live: &Etcd, store: &Store, secs: u64) -> Manifest {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
+    snapshot::take(&live.source().await, store, at)
+        .await
+        .unwrap()
+}
+
+fn flip_a_byte(path: &Path, at: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= 0x55;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupted_newest_snapshot_is_skipped_for_the_next_newest() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/a/", 20).await;
+    let url = file_url(work.path());
+    let store = Store::open(&url).unwrap();
+    let older = take_at(&live, &store, 0).await;
+    live.put_keys("/b/", 20).await;
+    let newest = take_at(&live, &store, 60).await;
+    flip_a_byte(
+        &work.path().join("store").join(newest.db_object()),
+        newest.size / 2,
+    );
+    let dir = work.path().join("download");
+    match restore::pick(&store, &RestoreChoice::Latest, &dir)
+        .await
+        .unwrap()
+    {
+        Pick::Chosen { manifest, file } => {
+            assert_eq!(manifest.name, older.name);
+            assert!(file.exists());
+        }
+        other => panic!("expected the older snapshot, got {other:?}"),
+    }
+    // Asked for by name, the corrupted one is refused: backups exist, none usable.
+    match restore::pick(&store, &RestoreChoice::Named(newest.name.clone()), &dir)
+        .await
+        .unwrap()
+    {
+        Pick::NoneUsable { skipped } => {
+            assert_eq!(skipped.len(), 1);
+            assert!(skipped[0].1.contains("checksum"), "{skipped:?}");
+        }
+        other => panic!("expected none usable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn backups_that_all_fail_their_checksum_are_none_usable_not_no_backups() {
+    let work = tempfile::tempdir().unwrap();
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let dir = work.path().join("download");
+    assert!(matches!(
+        restore::pick(&store, &RestoreChoice::Latest, &dir)
+            .await
+            .unwrap(),
+        Pick::NoBackups
+    ));
+    let mut bad = FakeSource::new(&[1u8; 4096], 9);
+    bad.stream[100] ^= 1;
+    snapshot::take(&bad, &store, SystemTime::UNIX_EPOCH)
+        .await
+        .unwrap();
+    assert!(matches!(
+        restore::pick(&store, &RestoreChoice::Latest, &dir)
+            .await
+            .unwrap(),
+        Pick::NoneUsable { .. }
+    ));
+    assert!(matches!(
+        restore::pick(&store, &RestoreChoice::Never, &dir)
+            .await
+            .unwrap(),
+        Pick::Disabled
+    ));
+}
+
+#[tokio::test]
+async fn an_incomplete_upload_without_manifest_is_ignored_then_pruned() {
+    let work = tempfile::tempdir().unwrap();
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let orphan = manifest::db_object("20231114T221320.000Z-r5");
+    store.put(&orphan, vec![0u8; 64]).await.unwrap();
+    let src = FakeSource::new(&[2u8; 1000], 7);
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let m = snapshot::take(&src, &store, at).await.unwrap();
+    assert_eq!(catalog::list(&store).await.unwrap(), vec![m.clone()]);
+    let dir = work.path().join("download");
+    match restore::pick(&store, &RestoreChoice::Latest, &dir)
+        .await
+        .unwrap()
+    {
+        Pick::Chosen { manifest, .. } => assert_eq!(manifest.name, m.name),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(catalog::prune(&store, 5).await.unwrap(), vec![orphan]);
+    let left: Vec<String> = store
+        .list(manifest::DIR)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[tokio::test]
+async fn retention_keeps_n_and_never_the_newest_verified_on_s3() {
+    let store = Store::open(&s3_url("retention")).unwrap();
+    let good = FakeSource::new(&[3u8; 2000], 1);
+    let mut bad = good.clone();
+    bad.stream[0] ^= 1;
+    let at = |i: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + i * 60);
+    let mut names = Vec::new();
+    for i in 0..4 {
+        names.push(snapshot::take(&good, &store, at(i)).await.unwrap().name);
+    }
+    for i in 4..6 {
+        let m = snapshot::take(&bad, &store, at(i)).await.unwrap();
+        assert!(!m.verified);
+        names.push(m.name);
+    }
+    let deleted = catalog::prune(&store, 1).await.unwrap();
+    assert_eq!(deleted.len(), 8, "{deleted:?}");
+    let kept: Vec<String> = catalog::list(&store)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    // The newest (unverified) and the newest verified one.
+    assert_eq!(kept, vec![names[5].clone(), names[3].clone()]);
+    assert!(catalog::prune(&store, 1).await.unwrap().is_empty());
+}
+
+// ---- restore safety -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn restore_refuses_a_volume_holding_a_wal() {
+    let work = tempfile::tempdir().unwrap();
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let src = FakeSource::new(&[4u8; 100], 1);
+    snapshot::take(&src, &store, SystemTime::UNIX_EPOCH)
+        .await
+        .unwrap();
+    let data = work.path().join("data");
+    std::fs::create_dir_all(data.join("member/wal")).unwrap();
+    let wal = data.join("member/wal/0000000000000000-0000000000000000.wal");
+    std::fs::write(&wal, b"precious").unwrap();
+    let err = restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &Release::V35.tool(),
+        &member("m", 1),
+        &data,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RestoreError::HasData { .. }), "{err}");
+    assert_eq!(std::fs::read(&wal).unwrap(), b"precious");
+    assert!(!restore::staging_dir(&data).exists(), "nothing written");
+}
+
+/// A restore killed after each of its steps finishes on a re-run, and the result holds
+/// every key.
+#[tokio::test]
+async fn a_restore_killed_midway_completes_on_rerun() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 50).await;
+    let written = live.keys("/k/").await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    drop(live);
+    let tool = Release::V35.tool();
+    let snapshot_file = work.path().join("snap.db");
+    restore::fetch_verified(&store, &m, &snapshot_file)
+        .await
+        .unwrap();
+
+    for killed_after in ["tool-partial", "tool-done", "snap-moved", "wal-moved"] {
+        let data = work.path().join(format!("data-{killed_after}"));
+        let staging = restore::staging_dir(&data);
+        let peer = free_port();
+        let params = member("restored", peer);
+        // Leave the state that step leaves.
+        std::fs::create_dir_all(&staging).unwrap();
+        let out = staging.join("out");
+        if killed_after == "tool-partial" {
+            std::fs::create_dir_all(out.join("member/snap")).unwrap();
+            std::fs::write(out.join("member/snap/db"), b"half").unwrap();
+        } else {
+            tool.restore(&snapshot_file, &params, &out).await.unwrap();
+            std::fs::write(staging.join("out.complete"), &m.name).unwrap();
+            if killed_after != "tool-done" {
+                std::fs::rename(out.join("member/snap"), data.join("member/snap")).unwrap();
+            }
+            if killed_after == "wal-moved" {
+                std::fs::rename(out.join("member/wal"), data.join("member/wal")).unwrap();
+            }
+        }
+        let done = restore::restore_into(&tool, &snapshot_file, &m.name, &params, &data)
+            .await
+            .unwrap_or_else(|e| panic!("re-run after {killed_after}: {e}"));
+        let expect = if killed_after == "wal-moved" {
+            Restored::Earlier
+        } else {
+            Restored::Now
+        };
+        assert_eq!(done, expect, "after {killed_after}");
+        assert!(!staging.exists(), "staging cleaned up after {killed_after}");
+        assert!(
+            snapshot_file.exists(),
+            "the caller's snapshot file is not removed"
+        );
+        let restored = Etcd::start(Release::V35, "restored", &data, Some(peer)).await;
+        assert_eq!(restored.keys("/k/").await, written, "after {killed_after}");
+    }
+}
+
+// ---- the drill -----------------------------------------------------------------------------
+
+fn drill_setup(release: Release, scratch: &Path) -> DrillSetup {
+    DrillSetup {
+        tool: release.tool(),
+        etcd_bin: release.etcd(),
+        scratch_dir: scratch.to_path_buf(),
+        start_timeout: Duration::from_secs(30),
+    }
+}
+
+#[tokio::test]
+async fn the_drill_passes_on_a_good_snapshot_and_records_it() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    let rev = live.put_keys("/k/", 30).await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    // Writes after the snapshot do not change the hash at the snapshot's revision.
+    live.put_keys("/later/", 5).await;
+    let source = live.source().await;
+    let setup = drill_setup(Release::V35, &work.path().join("scratch"));
+    let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(outcome.passed, "{outcome:?}");
+    assert_eq!(outcome.restored_revision, Some(rev));
+    assert!(
+        matches!(outcome.hash, HashCheck::Match { revision, .. } if revision == rev),
+        "{outcome:?}"
+    );
+    let recorded = catalog::list(&store).await.unwrap().remove(0);
+    assert!(recorded.drill.unwrap().passed);
+    assert!(recorded.verified);
+    assert!(!drill::work_dir(&setup.scratch_dir).exists());
+}
+
+#[tokio::test]
+async fn the_drill_fails_on_a_corrupted_snapshot_and_marks_it_unverified() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V34, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 30).await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    flip_a_byte(&work.path().join("store").join(m.db_object()), 5000);
+    let source = live.source().await;
+    let setup = drill_setup(Release::V34, &work.path().join("scratch"));
+    let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(!outcome.passed, "{outcome:?}");
+    assert!(outcome.corrupt);
+    let recorded = catalog::list(&store).await.unwrap().remove(0);
+    assert!(!recorded.verified);
+    assert!(!recorded.drill.unwrap().passed);
+}
+
+#[tokio::test]
+async fn the_drill_with_etcd_3_4_compares_hashes() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V34, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    let source = live.source().await;
+    let setup = drill_setup(Release::V34, &work.path().join("scratch"));
+    let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(outcome.passed, "{outcome:?}");
+    assert!(
+        matches!(outcome.hash, HashCheck::Match { .. }),
+        "{outcome:?}"
+    );
+}
+
+// ---- the command -----------------------------------------------------------------------------
+
+fn steward(live: &Etcd, url: &str, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_etcd-steward"));
+    c.arg("backup")
+        .args([
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--listen-ip",
+            "127.0.0.1",
+        ])
+        .args(["--client-port", &live.client.to_string()])
+        .args(["--peer-port", &live.peer.to_string()])
+        .args(["--backup-url", url])
+        .args(extra)
+        .env("ETCD_STEWARD_LOG", "warn")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[tokio::test]
+async fn backup_command_prints_the_manifest_and_list_prints_newest_first() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    let url = file_url(work.path());
+    let mut taken = Vec::new();
+    for i in 0..2 {
+        let rev = live.put_keys(&format!("/{i}/"), 5).await;
+        let out = steward(&live, &url, &[], &[]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        let m: Manifest = serde_json::from_str(stdout.trim()).unwrap();
+        assert!(m.verified);
+        assert_eq!(m.revision, rev);
+        taken.push(m);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = steward(&live, &url, &["--list"], &[]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["name"], taken[1].name.as_str());
+    assert_eq!(lines[1]["name"], taken[0].name.as_str());
+    for (line, m) in lines.iter().zip(taken.iter().rev()) {
+        assert_eq!(line["revision"], m.revision);
+        assert_eq!(line["sha256"], m.sha256.as_str());
+        assert_eq!(line["size"], m.size);
+        assert_eq!(line["verified"], true);
+        assert_eq!(line["cluster_id"], m.cluster_id.as_str());
+        assert_eq!(line["time"], m.time.as_str());
+    }
+    let etcd_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.1");
+    let scratch = work.path().join("scratch");
+    let out = steward(
+        &live,
+        &url,
+        &[
+            "--drill",
+            "--etcdutl-bin",
+            etcd_dir.join("etcdutl").to_str().unwrap(),
+            "--etcd-bin",
+            etcd_dir.join("etcd").to_str().unwrap(),
+            "--backup-scratch-dir",
+            scratch.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcome: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(outcome["passed"], true, "{outcome}");
+    assert_eq!(outcome["hash_check"], "match", "{outcome}");
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_a_clear_error_and_touches_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let closed = free_port();
+    let endpoint = format!("http://127.0.0.1:{closed}");
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+    ];
+    let started = std::time::Instant::now();
+    let out = steward(&live, "s3://nowhere/etcd", &[], &env);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("backup store s3://nowhere/etcd"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // The cluster is unaffected: it still serves every key and takes writes.
+    assert_eq!(live.keys("/k/").await.len(), 10);
+    live.put_keys("/after/", 1).await;
+}
+
+// ---- the sidecar's periodic step ------------------------------------------------------------
+
+#[tokio::test]
+async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_schedule() {
+    use etcd_steward::backup::schedule::BackupMetrics;
+    use etcd_steward::backup::{BackupConfig, Backups};
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let cfg = BackupConfig {
+        url: file_url(work.path()),
+        interval: Duration::from_secs(60),
+        keep: 2,
+        tool: Release::V35.tool(),
+        scratch_dir: work.path().join("scratch"),
+        restore: RestoreChoice::Latest,
+    };
+    // Two sidecars (two pods) sharing one store.
+    let a = Backups::new(&cfg, Release::V35.etcd()).unwrap();
+    let b = Backups::new(&cfg, Release::V35.etcd()).unwrap();
+    let src = live.source().await;
+    let (mut ma, mut mb) = (BackupMetrics::default(), BackupMetrics::default());
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let at = |s: u64| t0 + Duration::from_secs(s);
+
+    let first = a.tick(&src, true, t0, &mut ma).await.unwrap();
+    let taken = first
+        .taken
+        .expect("the first tick of a leader takes a snapshot");
+    let drilled = first.drilled.expect("a new snapshot is drilled");
+    assert!(drilled.passed, "{drilled:?}");
+    assert_eq!(ma.last_success, Some(1_800_000_000.0));
+    assert_eq!(ma.verified_revision, Some(taken.revision));
+    assert!(ma.drill_last_success.is_some());
+
+    // A follower never takes one, however late.
+    let r = b.tick(&src, false, at(500), &mut mb).await.unwrap();
+    assert!(r.taken.is_none() && r.drilled.is_none());
+    // The leader again, within the interval: nothing (and no second drill).
+    let r = a.tick(&src, true, at(30), &mut ma).await.unwrap();
+    assert!(r.taken.is_none() && r.drilled.is_none());
+    // Leadership moves to b at 40: it follows the store's schedule — nothing before 60…
+    let r = b.tick(&src, true, at(40), &mut mb).await.unwrap();
+    assert!(r.taken.is_none());
+    // …and one at 60.
+    live.put_keys("/more/", 3).await;
+    let r = b.tick(&src, true, at(61), &mut mb).await.unwrap();
+    assert!(r.taken.is_some());
+    assert_eq!(mb.failures, 0);
+    assert_eq!(mb.last_success, Some(1_800_000_061.0));
+    // A third one: retention keeps the newest two.
+    let r = b.tick(&src, true, at(125), &mut mb).await.unwrap();
+    assert!(r.taken.is_some());
+    assert_eq!(r.pruned.len(), 2, "{:?}", r.pruned);
+    let names: Vec<String> = catalog::list(&a.store)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert!(!names.contains(&taken.name));
+}
+
+/// What init does when every volume is lost: every initial pod restores the same snapshot
+/// with the same fresh token; the three form one cluster holding every key.
+#[tokio::test]
+async fn three_members_restored_from_one_snapshot_form_one_cluster_with_every_key() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 100).await;
+    let written = live.keys("/k/").await;
+    let old_cluster = live.source().await;
+    let old_id = etcd_steward::backup::snapshot::SnapshotSource::info(&old_cluster)
+        .await
+        .unwrap()
+        .cluster_id;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    drop(live);
+
+    let peers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let initial_cluster = (0..3)
+        .map(|i| format!("etcd-{i}=http://127.0.0.1:{}", peers[i]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let data = work.path().join(format!("pod-{i}"));
+        let params = MemberParams {
+            name: format!("etcd-{i}"),
+            initial_cluster: initial_cluster.clone(),
+            token: "fresh-token".into(),
+            peer_url: format!("http://127.0.0.1:{peer}"),
+        };
+        let outcome = restore::restore(
+            &store,
+            &RestoreChoice::Named(m.name.clone()),
+            &Release::V35.tool(),
+            &params,
+            &data,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(outcome, RestoreOutcome::Restored { .. }));
+        members.push((format!("etcd-{i}"), data, *peer));
+    }
+    // Started together (etcd waits for its peers' quorum before serving).
+    let starts = members
+        .iter()
+        .map(|(name, data, peer)| Etcd::start(Release::V35, name, data, Some(*peer)));
+    let running = futures_util::future::join_all(starts).await;
+    let mut c = running[2].client().await;
+    assert_eq!(c.member_list().await.unwrap().members().len(), 3);
+    for e in &running {
+        assert_eq!(e.keys("/k/").await, written);
+    }
+    let new_id = etcd_steward::backup::snapshot::SnapshotSource::info(&running[0].source().await)
+        .await
+        .unwrap()
+        .cluster_id;
+    assert_ne!(new_id, old_id, "a restore forms a new cluster");
+}
