@@ -197,7 +197,7 @@ pub enum Restored {
 const COMPLETE: &str = "out.complete";
 
 /// Creates `dir` and its parents as etcd wants its directories: owner only.
-fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
+pub fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)

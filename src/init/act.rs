@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::backup::catalog;
+use crate::backup::manifest::Manifest;
+use crate::backup::restore::{self, RestoreError};
+use crate::backup::store::Store;
 use crate::config::Config;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, Facts};
@@ -48,6 +52,13 @@ pub enum Pause {
 pub enum ActError {
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    /// Downloading or restoring the backup a new cluster starts from.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    /// The snapshot the formation agreed on is not in the store (any more), or there is no
+    /// store to restore it from.
+    #[error("snapshot {name} cannot be restored: {why}")]
+    SnapshotMissing { name: String, why: &'static str },
     #[error("{action} through {via}: {source}")]
     Membership {
         action: ActionKind,
@@ -67,15 +78,23 @@ fn record(dir: &Path, d: &Decision, ts: u64) -> Result<(), VolumeError> {
     )
 }
 
+/// What actions reach: the configuration, etcd, and the backup store when a new cluster
+/// may restore from it.
+pub struct World<'a, C> {
+    pub cfg: &'a Config,
+    pub connector: &'a C,
+    pub store: Option<&'a Store>,
+}
+
 /// Performs `d`, decided on `facts`; `now` is the unix time (for the journal and the
 /// set-aside directory's name).
 pub async fn act<C: Connector>(
-    cfg: &Config,
-    connector: &C,
+    world: &World<'_, C>,
     facts: &Facts,
     d: &Decision,
     now: u64,
 ) -> Result<Next, ActError> {
+    let (cfg, connector) = (world.cfg, world.connector);
     let dir = &cfg.data_dir;
     match &d.action {
         Action::Wait => Ok(Next::LookAgain(Pause::Backoff)),
@@ -84,26 +103,48 @@ pub async fn act<C: Connector>(
             Ok(Next::Exec(StartMode::Restart))
         }
         Action::Bootstrap(step @ Bootstrap::Prepare { marker: m }) => {
+            if let Some(name) = &m.snapshot {
+                // Download and check the snapshot before offering it to the formation: a
+                // corrupt one is noted and the next round chooses another.
+                let (store, manifest) = find_snapshot(world, name).await?;
+                match download(store, &manifest, dir).await {
+                    Ok(_) => {}
+                    Err(RestoreError::Checksum { detail, .. }) => {
+                        marker::reject_snapshot(dir, name, &detail)?;
+                        tracing::warn!(snapshot = %name, reason = %detail, "backup fails its checksum; the next round chooses another");
+                        return Ok(Next::LookAgain(Pause::Now));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
             marker::write(dir, &step.marker())?;
-            tracing::info!(nonce = %m.nonce, "formation marker written; waiting for every initial pod to prepare");
+            tracing::info!(nonce = %m.nonce, snapshot = ?m.snapshot, "formation marker written; waiting for every initial pod to prepare");
             Ok(Next::LookAgain(Pause::For(PREPARE_PAUSE)))
         }
         Action::Bootstrap(
             step @ Bootstrap::Start {
                 initial_cluster,
                 token,
+                snapshot,
                 ..
             },
         ) => {
             marker::write(dir, &step.marker())?;
+            let mode = match snapshot {
+                Some(name) => {
+                    restore(world, name, token).await?;
+                    StartMode::Restart
+                }
+                None => StartMode::New {
+                    initial_cluster: initial_cluster.clone(),
+                    token: token.clone(),
+                },
+            };
             record(dir, d, now)?;
             if facts.ordinal != 0 {
                 wait_for_seed(cfg, facts).await;
             }
-            Ok(Next::Exec(StartMode::New {
-                initial_cluster: initial_cluster.clone(),
-                token: token.clone(),
-            }))
+            Ok(Next::Exec(mode))
         }
         Action::Resume { members, .. } => {
             record(dir, d, now)?;
@@ -141,6 +182,79 @@ pub async fn act<C: Connector>(
             Ok(Next::LookAgain(Pause::Now))
         }
     }
+}
+
+/// The store and the manifest of snapshot `name`.
+async fn find_snapshot<'a, C>(
+    world: &World<'a, C>,
+    name: &str,
+) -> Result<(&'a Store, Manifest), ActError> {
+    let missing = |why| ActError::SnapshotMissing {
+        name: name.to_string(),
+        why,
+    };
+    let store = world
+        .store
+        .ok_or_else(|| missing("no --backup-url (or --restore never) to restore it from"))?;
+    let manifest = catalog::list(store)
+        .await
+        .map_err(RestoreError::from)?
+        .into_iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| missing("it is not in the backup store"))?;
+    Ok((store, manifest))
+}
+
+/// Where the snapshot a new cluster restores is downloaded, inside the volume.
+fn download_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    restore::staging_dir(dir).join(format!("{name}.db"))
+}
+
+/// Downloads and checks `manifest`'s snapshot into the volume, unless an earlier round did.
+async fn download(
+    store: &Store,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<std::path::PathBuf, RestoreError> {
+    let file = download_path(dir, &manifest.name);
+    if !file.exists() {
+        restore::create_private_dir(&restore::staging_dir(dir))?;
+        restore::fetch_verified(store, manifest, &file).await?;
+    }
+    Ok(file)
+}
+
+/// Restores snapshot `name` into this empty volume as this pod's member of the new cluster
+/// `token`. Every initial pod restores the same snapshot with the same initial cluster and
+/// token, so their member IDs agree. Idempotent: a restore already committed (its WAL in
+/// place) is only cleaned up.
+async fn restore<C>(world: &World<'_, C>, name: &str, token: &str) -> Result<(), ActError> {
+    let cfg = world.cfg;
+    let Some(backup) = &cfg.backup else {
+        return Err(ActError::SnapshotMissing {
+            name: name.to_string(),
+            why: "no --backup-url to restore it from",
+        });
+    };
+    let (store, manifest) = find_snapshot(world, name).await?;
+    let file = if restore::has_wal(&cfg.data_dir)? {
+        download_path(&cfg.data_dir, name)
+    } else {
+        download(store, &manifest, &cfg.data_dir).await?
+    };
+    let member = restore::formation_member(cfg, token);
+    restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
+    let age = std::time::SystemTime::now()
+        .duration_since(manifest.time())
+        .unwrap_or_default();
+    tracing::warn!(
+        snapshot = %manifest.name,
+        revision = manifest.revision,
+        taken = %manifest.time,
+        age = %humantime::format_duration(Duration::from_secs(age.as_secs())),
+        "every volume was lost: this member is restored from a backup; writes after this snapshot are not in it"
+    );
+    Ok(())
 }
 
 /// Before a new cluster's member other than ordinal 0 starts etcd: wait (bounded) until

@@ -14,6 +14,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use crate::backup::restore::RestoreError;
+use crate::backup::store::Store;
+use crate::backup::RestoreChoice;
 use crate::config::InitConfig;
 use crate::dns::Dns;
 use crate::etcd::Connector;
@@ -61,11 +64,24 @@ where
     if !init.dry_run {
         volume::prepare(&cfg.data_dir)?;
     }
+    // The store a new cluster may restore from; opening it makes no request.
+    let store = match &cfg.backup {
+        Some(b) if b.restore != RestoreChoice::Never => {
+            Some(Store::open(&b.url).map_err(RestoreError::from)?)
+        }
+        _ => None,
+    };
     let observer = Observer {
         cfg: cfg.clone(),
         dns,
         connector: connector.clone(),
         reports,
+        store: store.clone(),
+    };
+    let world = act::World {
+        cfg,
+        connector: &connector,
+        store: store.as_ref(),
     };
     let mut backoff = Backoff::default();
     let mut round = 0u64;
@@ -78,7 +94,7 @@ where
             return Ok(Outcome::DryRun(explain::decision_json(&facts, &d)));
         }
         backoff.observe(&d.why);
-        let pause = match act(cfg, &connector, &facts, &d, unix_now()).await {
+        let pause = match act(&world, &facts, &d, unix_now()).await {
             Ok(Next::Exec(mode)) => return Ok(exec(&init, &mode)),
             Ok(Next::LookAgain(pause)) => pause,
             Err(e) => match retry::policy(&e) {

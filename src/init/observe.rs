@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use crate::backup::store::Store;
+use crate::backup::{catalog, RestoreChoice};
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
+    RestoreWanted, SnapshotFacts,
 };
 use crate::http_get;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
@@ -78,6 +81,9 @@ pub struct Observer<D, C, R> {
     pub dns: D,
     pub connector: C,
     pub reports: R,
+    /// The backup store, when a new cluster may restore from it (`--backup-url`, and
+    /// `--restore` not `never`).
+    pub store: Option<Store>,
 }
 
 impl<D, C, R> Observer<D, C, R>
@@ -154,6 +160,8 @@ where
             all
         };
         let (cluster, peer_facts) = tokio::join!(cluster, reports);
+        let may_form = !data.has_data() && matches!(cluster, ClusterFacts::NotReached { .. });
+        let backups = self.backups(may_form).await;
         Ok(Facts {
             ordinal: id.ordinal,
             name: id.name(),
@@ -165,10 +173,44 @@ where
             data,
             own_dns,
             cluster,
+            backups,
             peers: peer_facts,
-            backups: BackupFacts::Off,
             fresh_nonce,
         })
+    }
+
+    /// What the backup store offers: asked only when a new cluster may have to be formed
+    /// (this volume empty, no cluster answering), as the list costs a request per snapshot.
+    async fn backups(&self, may_form: bool) -> BackupFacts {
+        let (Some(store), Some(b)) = (&self.store, &self.cfg.backup) else {
+            return BackupFacts::Off;
+        };
+        let wanted = match &b.restore {
+            RestoreChoice::Never => return BackupFacts::Off,
+            RestoreChoice::Latest => RestoreWanted::Latest,
+            RestoreChoice::Named(name) => RestoreWanted::Named(name.clone()),
+        };
+        if !may_form {
+            return BackupFacts::NotAsked;
+        }
+        match catalog::list(store).await {
+            Ok(manifests) => BackupFacts::Listed {
+                wanted,
+                snapshots: manifests
+                    .iter()
+                    .map(|m| SnapshotFacts {
+                        name: m.name.clone(),
+                        revision: m.revision,
+                        time_unix: m.time_unix,
+                        verified: m.verified,
+                        drill_failed: m.drill.as_ref().is_some_and(|d| !d.passed),
+                    })
+                    .collect(),
+            },
+            Err(e) => BackupFacts::Unreachable {
+                error: e.to_string(),
+            },
+        }
     }
 
     /// Asks every resolved peer's etcd at once; the first voter that sees a leader and

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
+use crate::backup::restore::RestoreError;
 use crate::etcd::EtcdError;
 
 use super::act::ActError;
@@ -31,6 +32,13 @@ pub fn policy(e: &ActError) -> Retry {
     match e {
         // The volume cannot be written: nothing this loop can fix; say so and exit.
         ActError::Volume(_) => Retry::GiveUp,
+        // The store is unreachable, or a download failed its checksum, or the agreed
+        // snapshot is gone: look again (never form an empty cluster instead).
+        ActError::Restore(RestoreError::Store(_) | RestoreError::Checksum { .. })
+        | ActError::SnapshotMissing { .. } => Retry::Backoff,
+        // etcd's restore tool fails, or the volume cannot be written, or (never expected)
+        // the volume holds data: exit, so `kubectl describe pod` shows why.
+        ActError::Restore(_) => Retry::GiveUp,
         ActError::Membership { source, .. } => match source {
             EtcdError::UnhealthyCluster => Retry::After(UNHEALTHY_CLUSTER_RETRY),
             // Already done by an earlier attempt, or another learner's turn, or the cluster
@@ -119,6 +127,26 @@ mod tests {
             ),
             (membership(EtcdError::NoLeader), Retry::Backoff),
             (membership(other("leader changed")), Retry::Backoff),
+            (
+                ActError::Restore(RestoreError::Checksum {
+                    name: "s1".into(),
+                    detail: "sha256 mismatch".into(),
+                }),
+                Retry::Backoff,
+            ),
+            (
+                ActError::SnapshotMissing {
+                    name: "s1".into(),
+                    why: "it is not in the backup store",
+                },
+                Retry::Backoff,
+            ),
+            (
+                ActError::Restore(RestoreError::HasData {
+                    path: "/var/lib/etcd".into(),
+                }),
+                Retry::GiveUp,
+            ),
             (
                 ActError::Volume(crate::volume::VolumeError::Unwritable {
                     path: "/x".into(),
