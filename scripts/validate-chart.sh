@@ -218,11 +218,13 @@ for s, docs in rendered.items():
     for n in shared:
         if e_side.get(n) != e_etcd[n]:
             problem(f"{s}: {n} differs between the etcd and sidecar containers")
+    # The sidecar backs up and init restores: both reach the same store the same way.
     for n in e_side:
-        if n.startswith("ETCD_STEWARD_BACKUP_") or n.startswith("AWS_"):
-            if n in e_etcd:
-                problem(f"{s}: {n} belongs to the sidecar only")
-        elif n not in e_etcd:
+        if n in ("ETCD_STEWARD_BACKUP_URL", "ETCD_STEWARD_RESTORE") or n.startswith("AWS_"):
+            if n not in e_etcd:
+                problem(f"{s}: {n} is missing in the etcd container (init restores from the store)")
+        elif n not in e_etcd and n != "ETCD_STEWARD_BACKUP_SCRATCH_DIR":
+            # (the scratch directory is the drill's, which only the sidecar runs)
             problem(f"{s}: the sidecar has {n}, the etcd container not")
     replicas = int(e_etcd["ETCD_STEWARD_REPLICAS"]["value"])
     if replicas > sts["spec"]["replicas"]:

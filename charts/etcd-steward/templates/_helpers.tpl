@@ -149,3 +149,32 @@ runAsNonRoot: true
 capabilities:
   drop: ["ALL"]
 {{- end -}}
+
+{{/*
+The backup store, for both containers: the sidecar backs up to it, init restores from it
+when every volume is lost (ETCD_STEWARD_RESTORE).
+*/}}
+{{- define "etcd-steward.backupEnv" -}}
+{{- if .Values.backups.enabled }}
+- name: ETCD_STEWARD_BACKUP_URL
+  value: {{ .Values.backups.url | quote }}
+- name: ETCD_STEWARD_BACKUP_INTERVAL
+  value: {{ .Values.backups.interval | quote }}
+- name: ETCD_STEWARD_BACKUP_KEEP
+  value: {{ .Values.backups.keep | int | quote }}
+- name: ETCD_STEWARD_RESTORE
+  value: {{ .Values.backups.restore | quote }}
+{{- if .Values.backups.credentialsSecret }}
+{{- range $key := list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_REGION" "AWS_ENDPOINT_URL" }}
+- name: {{ $key }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.backups.credentialsSecret }}
+      key: {{ $key }}
+      {{- if or (eq $key "AWS_REGION") (eq $key "AWS_ENDPOINT_URL") }}
+      optional: true
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
