@@ -8,6 +8,7 @@
 //! cluster), [`schedule`] (pure: take one now? drill now? and the metric values).
 
 pub mod catalog;
+pub mod crypt;
 pub mod drill;
 pub mod manifest;
 pub mod restore;
@@ -45,6 +46,8 @@ pub struct BackupConfig {
     /// Where the drill restores and runs its throw-away etcd (an emptyDir in the manifests).
     pub scratch_dir: PathBuf,
     pub restore: RestoreChoice,
+    /// The encryption key (and older keys, for reading).
+    pub keys: crypt::Keys,
 }
 
 use std::time::SystemTime;
@@ -91,7 +94,7 @@ impl Backups {
     /// Opens the store (no network call yet). `etcd_bin` runs the drill's throw-away etcd.
     pub fn new(config: &BackupConfig, etcd_bin: PathBuf) -> Result<Backups, StoreError> {
         Ok(Backups {
-            store: Store::open(&config.url)?,
+            store: Store::open(&config.url)?.with_keys(config.keys.clone()),
             drill: drill::DrillSetup {
                 tool: config.tool.clone(),
                 etcd_bin,
