@@ -777,16 +777,22 @@ mod scenarios {
             let r: serde_json::Value = serde_json::from_str(&r).unwrap();
             assert_eq!(r["has_data"], false, "pod {o}: {r}");
         }
+        // The survivor restarted on its own data. Its etcd serves no client until it has
+        // a quorum, so its volume speaks through its sidecar's report.
         c.assert_restarted_on_its_data(0, before).await;
+        let (code, r) = c.http(0, "/peer/report").await.unwrap();
+        assert_eq!(code, 200);
+        let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+        assert_eq!(r["has_data"], true, "{r}");
         assert_eq!(
-            c.member_id(0).await,
-            survivor_id,
-            "the survivor kept its member ID"
+            r["wal"]["member_id"].as_str(),
+            Some(format!("{survivor_id:x}").as_str()),
+            "the survivor kept its member ID: {r}"
         );
         assert_eq!(
-            c.cluster_id(0).await,
-            old,
-            "the survivor is the old cluster's"
+            r["wal"]["cluster_id"].as_str(),
+            Some(format!("{old:x}").as_str()),
+            "the survivor is the old cluster's: {r}"
         );
         for o in 0..3 {
             let logs = c.logs(&c.etcd_ctr(o)).await;
