@@ -205,8 +205,7 @@ async fn run<L: SnapshotSource>(
     let client_url = format!("http://127.0.0.1:{client}");
     // A clean environment: etcd reads ETCD_* variables as flags, and the sidecar's own
     // (ETCD_STEWARD_*) are not meant for it.
-    let mut etcd = match tokio::process::Command::new(&setup.etcd_bin)
-        .env_clear()
+    let mut etcd = match super::tool::clean_command(&setup.etcd_bin, std::env::var_os("PATH"))
         .arg("--name=drill")
         .arg(format!("--data-dir={}", data.display()))
         .arg(format!("--listen-peer-urls={peer_url}"))
