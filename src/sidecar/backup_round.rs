@@ -111,11 +111,23 @@ async fn round(backups: Result<Backups, String>, target: EtcdTarget) -> RoundEnd
         .tick(&source, true, SystemTime::now(), &mut metrics)
         .await
     {
-        Ok(report) => RoundEnd::Ran {
-            metrics,
-            newest_verified: report.newest_verified.map(|m| (m.time_unix, m.revision)),
-            take_error: report.take_error,
-        },
+        Ok(report) => {
+            // Stored but failing etcd's checksum: counted as a failure, and said as one.
+            let unverified = report.taken.as_ref().filter(|m| !m.verified).map(|m| {
+                format!(
+                    "snapshot {} is stored but not verified: {}",
+                    m.name,
+                    m.unverified_reason
+                        .as_deref()
+                        .unwrap_or("no reason recorded")
+                )
+            });
+            RoundEnd::Ran {
+                metrics,
+                newest_verified: report.newest_verified.map(|m| (m.time_unix, m.revision)),
+                take_error: report.take_error.or(unverified),
+            }
+        }
         Err(e) => failed(metrics, started.elapsed(), e.to_string()),
     }
 }
