@@ -58,6 +58,25 @@ fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
     set.start_init(o).unwrap();
 }
 
+/// Stops the drills' throw-away etcds of a set, by process ID, when a scenario ends: the
+/// harness SIGKILLs sidecars (a pod's processes die with its container in Kubernetes; here
+/// a drill's etcd would outlive its sidecar, holding the test lock's inherited descriptor).
+/// Declared before the set, so it runs after the set's own clean-up.
+struct DrillReaper(Option<PathBuf>);
+
+impl Drop for DrillReaper {
+    fn drop(&mut self) {
+        let Some(root) = &self.0 else { return };
+        let pattern = format!("--data-dir={}/scratch-", root.display());
+        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
+            return;
+        };
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
 /// Three pods formed, their sidecars backing up to `url`.
 async fn formed(etcd: Etcd, url: &str) -> Set {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
@@ -162,7 +181,9 @@ async fn backups_follow_the_leader_survive_a_failing_store_and_pass_the_drill(et
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let url = format!("file://{}", store_dir.display());
+    let mut reaper = DrillReaper(None);
     let mut set = formed(etcd, &url).await;
+    reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());
 
@@ -336,7 +357,9 @@ fn bucket(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_backs_up_into_s3_one_snapshot_per_interval() {
     let url = bucket("sidecar-backups");
+    let mut reaper = DrillReaper(None);
     let set = formed(Etcd::V3_5, &url).await;
+    reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());
     let all = more_than(&url, 1, INTERVAL * 3 + LATE, &set).await;
