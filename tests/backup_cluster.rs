@@ -67,7 +67,7 @@ struct DrillReaper(Option<PathBuf>);
 impl Drop for DrillReaper {
     fn drop(&mut self) {
         let Some(root) = &self.0 else { return };
-        let pattern = format!("--data-dir={}/scratch-", root.display());
+        let pattern = format!("data-dir={}/scratch-", root.display());
         let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
             return;
         };
