@@ -80,6 +80,9 @@ pub struct TickReport {
     pub drilled: Option<drill::DrillOutcome>,
     /// The snapshot attempt's failure, already counted in the metrics.
     pub take_error: Option<String>,
+    /// The store's newest verified snapshot after this tick (whoever took it): what the
+    /// cluster could be restored from now.
+    pub newest_verified: Option<Manifest>,
 }
 
 /// Backups for one running agent: the store and what the drill needs.
@@ -184,6 +187,7 @@ impl Backups {
             report.pruned = catalog::prune(&self.store, self.config.keep).await?;
             manifests = self.list().await?;
         }
+        report.newest_verified = manifests.iter().find(|m| m.verified).cloned();
         if let Some(m) = schedule::should_drill(is_leader, &manifests) {
             match drill::drill(&self.store, m, &self.drill, source, now).await {
                 Ok(outcome) => {
