@@ -507,6 +507,18 @@ pub struct BackupArgs {
     /// `never`, or a snapshot's name as `backup --list` prints it.
     #[arg(long, env = "ETCD_STEWARD_RESTORE")]
     pub restore: Option<String>,
+    /// An age key file (`AGE-SECRET-KEY-1…`): every new snapshot is encrypted to it before it
+    /// leaves the pod, and restores decrypt with it.
+    #[arg(long, env = "ETCD_STEWARD_BACKUP_ENCRYPTION_KEY_FILE")]
+    pub backup_encryption_key_file: Option<PathBuf>,
+    /// Older key files, only to read snapshots encrypted before a key rotation (repeat the
+    /// option, or separate paths with commas in the variable).
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_BACKUP_DECRYPTION_KEY_FILES",
+        value_delimiter = ','
+    )]
+    pub backup_decryption_key_file: Vec<PathBuf>,
 }
 
 impl BackupArgs {
@@ -565,7 +577,26 @@ impl BackupArgs {
                 RestoreChoice::Never
             }
         };
+        let mut keys = crate::backup::crypt::Keys::default();
+        if let Some(path) = &self.backup_encryption_key_file {
+            match crate::backup::crypt::Key::load(path) {
+                Ok(k) => keys.write = Some(k),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        for path in &self.backup_decryption_key_file {
+            match crate::backup::crypt::Key::load(path) {
+                Ok(k) => keys.read.push(k),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
         if url.is_none() {
+            if !keys.is_empty() {
+                problems.push(
+                    "--backup-encryption-key-file and --backup-decryption-key-file need --backup-url"
+                        .into(),
+                );
+            }
             if let Some(r) = self.restore.as_deref().filter(|r| *r != "never") {
                 problems.push(format!(
                     "--restore {r:?} needs --backup-url (where the snapshots are)"
@@ -583,6 +614,7 @@ impl BackupArgs {
             tool: EtcdTool::from_bin(self.etcdutl_bin.clone()),
             scratch_dir: self.backup_scratch_dir.clone(),
             restore,
+            keys,
         })
     }
 }
@@ -598,6 +630,10 @@ pub struct BackupCmdArgs {
     /// Run the restore drill once on the newest verified snapshot and print its outcome.
     #[arg(long)]
     pub drill: bool,
+    /// Print a new encryption key file (an age X25519 identity) for
+    /// --backup-encryption-key-file, and exit.
+    #[arg(long, conflicts_with_all = ["list", "drill"])]
+    pub generate_key: bool,
 }
 
 #[cfg(test)]

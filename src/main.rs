@@ -127,6 +127,11 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Backup(args) if args.generate_key => {
+            // A new key file on stdout; nothing else is read or written.
+            print!("{}", backup::crypt::Key::generate_file());
+            ExitCode::SUCCESS
+        }
         Command::Backup(args) => {
             let cfg = match args.common.validate() {
                 Ok(c) => c,

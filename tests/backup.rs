@@ -743,6 +743,7 @@ async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_s
         tool: Release::V35.tool(),
         scratch_dir: work.path().join("scratch"),
         restore: RestoreChoice::Latest,
+        keys: Default::default(),
     };
     // Two sidecars (two pods) sharing one store.
     let a = Backups::new(&cfg, Release::V35.etcd()).unwrap();
@@ -849,4 +850,258 @@ async fn three_members_restored_from_one_snapshot_form_one_cluster_with_every_ke
         .unwrap()
         .cluster_id;
     assert_ne!(new_id, old_id, "a restore forms a new cluster");
+}
+
+// ---- encryption (issue 15) ---------------------------------------------------------------
+
+/// A new key file in `dir`, loaded.
+fn new_key(dir: &Path, name: &str) -> etcd_steward::backup::crypt::Key {
+    let path = dir.join(name);
+    std::fs::write(&path, etcd_steward::backup::crypt::Key::generate_file()).unwrap();
+    etcd_steward::backup::crypt::Key::load(&path).unwrap()
+}
+
+fn keys(
+    write: Option<&etcd_steward::backup::crypt::Key>,
+    read: &[&etcd_steward::backup::crypt::Key],
+) -> etcd_steward::backup::crypt::Keys {
+    etcd_steward::backup::crypt::Keys {
+        write: write.cloned(),
+        read: read.iter().map(|k| (*k).clone()).collect(),
+    }
+}
+
+/// The stored object of `m` in a `file://` store under `work`.
+fn stored_object(work: &Path, m: &Manifest) -> PathBuf {
+    work.join("store").join(m.db_object())
+}
+
+/// A marker value no encryption would leave readable.
+const SECRET: &str = "kubernetes-secret-value-d3adb33f";
+
+async fn encrypted_round_trip(url: String, work: &Path) {
+    let live = Etcd::start(Release::V35, "live", &work.join("live"), None).await;
+    let mut c = live.client().await;
+    for i in 0..50 {
+        c.put(format!("/secret/{i}"), SECRET, None).await.unwrap();
+    }
+    let key = new_key(work, "key.txt");
+    let store = Store::open(&url).unwrap().with_keys(keys(Some(&key), &[]));
+    let m = snapshot::take(&live.source().await, &store, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(
+        m.verified,
+        "etcd's trailer still proves the plaintext: {m:?}"
+    );
+    let enc = m
+        .encryption
+        .clone()
+        .expect("the manifest says it is encrypted");
+    assert_eq!(enc.scheme, "age-x25519");
+    assert_eq!(enc.key, key.fingerprint(), "and which key, by fingerprint");
+    assert!(!serde_json::to_string(&m)
+        .unwrap()
+        .contains("AGE-SECRET-KEY"));
+    if url.starts_with("file://") {
+        let object = std::fs::read(stored_object(work, &m)).unwrap();
+        assert!(
+            !object.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "nothing readable leaves the pod"
+        );
+        assert!(object.starts_with(b"age-encryption.org/v1"));
+    }
+    drop(live);
+    let data = work.join("restored");
+    let peer = free_port();
+    match restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &Release::V35.tool(),
+        &member("restored", peer),
+        &data,
+    )
+    .await
+    .unwrap()
+    {
+        RestoreOutcome::Restored { manifest } => assert_eq!(manifest.name, m.name),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    let restored = Etcd::start(Release::V35, "restored", &data, Some(peer)).await;
+    let back = restored.keys("/secret/").await;
+    assert_eq!(back.len(), 50);
+    assert!(back.iter().all(|(_, v)| v == SECRET));
+}
+
+#[tokio::test]
+async fn an_encrypted_snapshot_round_trips_on_file_store() {
+    let work = tempfile::tempdir().unwrap();
+    encrypted_round_trip(file_url(work.path()), work.path()).await;
+}
+
+#[tokio::test]
+async fn an_encrypted_snapshot_round_trips_on_s3() {
+    let work = tempfile::tempdir().unwrap();
+    encrypted_round_trip(s3_url("encrypted"), work.path()).await;
+}
+
+/// One encrypted snapshot in a file store under `work`, taken with `key`.
+async fn one_encrypted(work: &Path, key: &etcd_steward::backup::crypt::Key) -> (String, Manifest) {
+    let live = Etcd::start(Release::V35, "live", &work.join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let url = file_url(work);
+    let store = Store::open(&url).unwrap().with_keys(keys(Some(key), &[]));
+    let m = take_at(&live, &store, 0).await;
+    (url, m)
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_key_is_a_clear_refusal_naming_the_snapshot_and_key() {
+    let work = tempfile::tempdir().unwrap();
+    let right = new_key(work.path(), "right.txt");
+    let wrong = new_key(work.path(), "wrong.txt");
+    let (url, m) = one_encrypted(work.path(), &right).await;
+    let dir = work.path().join("download");
+    for (store, says) in [
+        (
+            Store::open(&url)
+                .unwrap()
+                .with_keys(keys(Some(&wrong), &[])),
+            "none of the configured keys",
+        ),
+        (
+            Store::open(&url).unwrap(),
+            "no --backup-encryption-key-file",
+        ),
+    ] {
+        match restore::pick(&store, &RestoreChoice::Latest, &dir)
+            .await
+            .unwrap()
+        {
+            Pick::NoneUsable { skipped } => {
+                let why = &skipped[0].1;
+                assert_eq!(skipped[0].0, m.name);
+                assert!(why.contains(says), "{why}");
+                assert!(
+                    why.contains(&m.name) && why.contains(right.fingerprint()),
+                    "{why}"
+                );
+            }
+            other => panic!("a snapshot that cannot be decrypted is never restored: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn tampered_ciphertext_is_refused_even_with_a_matching_manifest() {
+    let work = tempfile::tempdir().unwrap();
+    let key = new_key(work.path(), "key.txt");
+    let (url, mut m) = one_encrypted(work.path(), &key).await;
+    // Whoever can write the bucket flips a byte and rewrites the manifest's checksum to
+    // match: the authenticated encryption still refuses it.
+    let object = stored_object(work.path(), &m);
+    flip_a_byte(&object, m.size / 2);
+    let bytes = std::fs::read(&object).unwrap();
+    m.sha256 = etcd_steward::backup::snapshot::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    std::fs::write(
+        work.path().join("store").join(m.json_object()),
+        serde_json::to_vec(&m).unwrap(),
+    )
+    .unwrap();
+    let store = Store::open(&url).unwrap().with_keys(keys(Some(&key), &[]));
+    match restore::fetch_verified(&store, &m, &work.path().join("out.db")).await {
+        Err(RestoreError::Decrypt(e)) => assert!(e.to_string().contains(&m.name), "{e}"),
+        other => panic!("expected a decryption failure, got {other:?}"),
+    }
+    assert!(
+        !work.path().join("out.db").exists(),
+        "nothing half-written left for a restore"
+    );
+}
+
+#[tokio::test]
+async fn after_a_key_rotation_old_snapshots_restore_with_the_old_key_and_new_ones_use_the_new() {
+    let work = tempfile::tempdir().unwrap();
+    let old = new_key(work.path(), "old.txt");
+    let new = new_key(work.path(), "new.txt");
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let url = file_url(work.path());
+    let before = take_at(
+        &live,
+        &Store::open(&url).unwrap().with_keys(keys(Some(&old), &[])),
+        0,
+    )
+    .await;
+    let rotated = Store::open(&url)
+        .unwrap()
+        .with_keys(keys(Some(&new), &[&old]));
+    let after = take_at(&live, &rotated, 60).await;
+    assert_eq!(before.encryption.as_ref().unwrap().key, old.fingerprint());
+    assert_eq!(after.encryption.as_ref().unwrap().key, new.fingerprint());
+    let dir = work.path().join("download");
+    std::fs::create_dir_all(&dir).unwrap();
+    for m in [&before, &after] {
+        restore::fetch_verified(&rotated, m, &dir.join(format!("{}.db", m.name)))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+    }
+    // Without the old key, the old snapshot is skipped for... nothing older: none usable.
+    let only_new = Store::open(&url).unwrap().with_keys(keys(Some(&new), &[]));
+    match restore::pick(&only_new, &RestoreChoice::Named(before.name.clone()), &dir)
+        .await
+        .unwrap()
+    {
+        Pick::NoneUsable { .. } => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unencrypted_store_still_restores_with_a_key_configured() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 10).await;
+    let url = file_url(work.path());
+    let plain = take_at(&live, &Store::open(&url).unwrap(), 0).await;
+    assert!(plain.encryption.is_none());
+    let key = new_key(work.path(), "key.txt");
+    let store = Store::open(&url).unwrap().with_keys(keys(Some(&key), &[]));
+    restore::fetch_verified(&store, &plain, &work.path().join("plain.db"))
+        .await
+        .unwrap();
+    assert!(work.path().join("plain.db").exists());
+}
+
+#[tokio::test]
+async fn the_backup_command_encrypts_with_the_key_file_and_generates_keys() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    live.put_keys("/k/", 5).await;
+    let generated = Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args(["backup", "--generate-key"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    let key_file = work.path().join("key.txt");
+    std::fs::write(&key_file, &generated.stdout).unwrap();
+    let url = file_url(work.path());
+    let key_arg = format!("--backup-encryption-key-file={}", key_file.display());
+    let out = steward(&live, &url, &[&key_arg], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(m["encryption"]["scheme"], "age-x25519");
+    let listed = steward(&live, &url, &["--list", &key_arg], &[]);
+    let line: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(line["encrypted"], true);
+    assert_eq!(line["key"], m["encryption"]["key"]);
+    // A key file that is not one is a configuration error naming the file (exit 64).
+    std::fs::write(&key_file, "garbage").unwrap();
+    let bad = steward(&live, &url, &[&key_arg], &[]);
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("key.txt"));
 }

@@ -11,6 +11,9 @@
 //! names another image. Scenario 9 runs Debian's etcd 3.4.23 (`ETCD_3_4_BIN`, default
 //! /usr/bin/etcd, installed by scripts/install-test-deps.sh) inside the pods: a dynamic
 //! binary, so it is bind-mounted read-only together with the libraries `ldd` lists.
+//! Scenarios 10 and 11 give the pods a `file://` backup store on a volume of their own
+//! (as manifests/overlays/backup-file does); 11 ends waiting, as the product must when a
+//! majority is lost with a volume surviving, so its checks are its own.
 //! A failed scenario prints every container's etcd-steward lines and etcd's last lines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -59,6 +62,8 @@ scenario!(s6_dead_learner_costs_no_quorum_and_is_removed, exclusive: false);
 scenario!(s7_scale_three_five_three, exclusive: false);
 scenario!(s8_rolling_restart_under_writes, exclusive: true);
 scenario!(s9_rolling_upgrade_3_4_to_3_5, exclusive: false);
+scenario!(s10_every_volume_lost_comes_back_from_the_latest_backup, exclusive: false);
+scenario!(s11_lost_majority_with_a_survivor_is_not_restored, exclusive: false);
 
 mod scenarios {
     use super::*;
@@ -575,5 +580,235 @@ mod scenarios {
         let report = w.stop().await;
         c.say(&format!("writer: {report:?}"));
         c.check(&[0, 1, 2], Some(cid), report.acked).await;
+    }
+
+    /// The keys `w/…` pod `o` holds (a linearizable read), as the writer's indexes.
+    async fn written_indexes(c: &Cluster, o: u32) -> Vec<u64> {
+        let mut cl = c.client(o).await;
+        let got = cl
+            .get(
+                "w/",
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("pod {o}: read every write: {e}"));
+        got.kvs()
+            .iter()
+            .map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                k.trim_start_matches("w/")
+                    .parse()
+                    .unwrap_or_else(|e| panic!("a key the writer did not write: {k} ({e})"))
+            })
+            .collect()
+    }
+
+    /// 10. Backups to a volume (`file://`), then every pod and every volume lost: the pods,
+    ///     created again, form a new cluster from the newest backup (every pod restores the
+    ///     same snapshot) with every write acknowledged before it was taken, and none of
+    ///     those acknowledged after it.
+    pub async fn s10_every_volume_lost_comes_back_from_the_latest_backup() {
+        let mut c = Cluster::new("s10", 3).await;
+        c.enable_backups().await;
+        let old = c.form(3, Etcd::V3_5).await;
+        let w = writer_for(&c, &[0, 1, 2]);
+        w.wait_progress(200, PROGRESS, "before the first backup")
+            .await;
+        let first = c.backup_now(0).await;
+        w.wait_progress(100, PROGRESS, "between the backups").await;
+        // The last one through a follower: any member's snapshot is the cluster's.
+        let l = c.wait_leader(Duration::from_secs(30)).await;
+        let f = (l + 1) % 3;
+        let acked_before = w.acked();
+        let last = c.backup_now(f).await;
+        let acked_after = w.acked();
+        for m in [&first, &last] {
+            assert_eq!(m["verified"], true, "a checked snapshot: {m}");
+            assert_eq!(
+                m["cluster_id"].as_str(),
+                Some(format!("{old:x}").as_str()),
+                "the snapshot names its cluster: {m}"
+            );
+        }
+        let last_name = last["name"].as_str().unwrap().to_string();
+        // Acknowledged after the last backup: a restore cannot have them.
+        w.wait_progress(100, PROGRESS, "after the last backup")
+            .await;
+        let listed = c.backup_list().await;
+        let names: Vec<&str> = listed.iter().filter_map(|m| m["name"].as_str()).collect();
+        assert_eq!(
+            names.first().copied(),
+            Some(last_name.as_str()),
+            "backup --list, newest first: {names:?}"
+        );
+        assert!(
+            names.contains(&first["name"].as_str().unwrap()),
+            "{names:?}"
+        );
+
+        for o in 0..3 {
+            c.remove(o, true).await;
+        }
+        let report = w.stop().await;
+        c.say(&format!(
+            "every pod and volume gone; {acked_before} writes acknowledged before the last \
+             backup {last_name} began, {acked_after} when it ended, {} in all",
+            report.acked
+        ));
+        for o in 0..3 {
+            c.create_pod(o, Etcd::V3_5).await;
+        }
+        c.wait_ready(&[0, 1, 2], READY).await;
+        let cid = c.cluster_id(0).await;
+        assert_ne!(cid, old, "a restored cluster gets a new identity");
+        for o in 0..3 {
+            let d = c.decisions(o).await;
+            assert_eq!(
+                d.last().map(String::as_str),
+                Some("bootstrap"),
+                "pod {o} formed the new cluster: {d:?}"
+            );
+            let logs = c.logs(&c.etcd_ctr(o)).await;
+            let said = logs.lines().any(|l| {
+                l.contains("restored from a backup") && l.contains(&format!("\"{last_name}\""))
+            });
+            assert!(said, "pod {o} says it restored {last_name}:\n{logs}");
+        }
+        // Every write acknowledged before the backup, on every member, one cluster.
+        c.check(&[0, 1, 2], Some(cid), acked_before).await;
+        // What the snapshot held and nothing else: writes 0..n, n at most one past the
+        // last acknowledged when the backup ended (the writer's next write may have been
+        // committed, its acknowledgement not yet counted).
+        let mut got = written_indexes(&c, 0).await;
+        got.sort_unstable();
+        let n = got.len() as u64;
+        assert!(
+            got.iter().copied().eq(0..n),
+            "the restored writes are 0..{n} without a gap"
+        );
+        assert!(
+            (acked_before..=acked_after + 1).contains(&n),
+            "the restore holds {n} writes: not those of the snapshot taken between \
+             {acked_before} and {acked_after} acknowledged writes"
+        );
+        assert!(
+            n < report.acked,
+            "the writes after the last backup are not in it ({n} of {})",
+            report.acked
+        );
+        let mut cl = c.client(l).await;
+        cl.put("probe/after-restore", "x", None)
+            .await
+            .unwrap_or_else(|e| panic!("the restored cluster takes writes: {e}"));
+        c.say(&format!(
+            "cluster {cid:x} restored from {last_name}: {n} writes back, {} lost after it, writable",
+            report.acked - n
+        ));
+    }
+
+    /// 11. Backups exist, and two of three volumes are lost while one survives: nothing is
+    ///     restored (the survivor's data is newer than any snapshot). The survivor restarts
+    ///     on its data, the wiped pods only wait, and no pod starts a cluster of its own.
+    pub async fn s11_lost_majority_with_a_survivor_is_not_restored() {
+        let mut c = Cluster::new("s11", 3).await;
+        c.enable_backups().await;
+        let old = c.form(3, Etcd::V3_5).await;
+        let w = writer_for(&c, &[0, 1, 2]);
+        w.wait_progress(100, PROGRESS, "before the backup").await;
+        let snap = c.backup_now(0).await;
+        assert_eq!(snap["verified"], true, "{snap}");
+        w.wait_progress(50, PROGRESS, "after the backup").await;
+        let survivor_id = c.member_id(0).await;
+        let before = c.decisions(0).await.len();
+        let names = |list: Vec<serde_json::Value>| -> Vec<String> {
+            list.iter()
+                .filter_map(|m| m["name"].as_str().map(String::from))
+                .collect()
+        };
+        let stored = names(c.backup_list().await);
+        assert!(
+            stored.iter().any(|n| snap["name"] == n.as_str()),
+            "{stored:?}"
+        );
+        c.kill(0).await;
+        c.remove(1, true).await;
+        c.remove(2, true).await;
+        let report = w.stop().await;
+        c.say(&format!(
+            "pods 1 and 2 lost their volumes, pod 0 killed; writer: {report:?}"
+        ));
+        c.start(0).await;
+        c.create_pod(1, Etcd::V3_5).await;
+        c.create_pod(2, Etcd::V3_5).await;
+        // Give the wiped pods at least 20 s and three rounds each to decide.
+        let since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let d1 = c.decisions(1).await;
+            let d2 = c.decisions(2).await;
+            if d1.len() >= 3 && d2.len() >= 3 && since.elapsed() > Duration::from_secs(20) {
+                break;
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(90),
+                "the wiped pods logged fewer than 3 rounds in 90 s: {d1:?} {d2:?}"
+            );
+        }
+        for o in [1, 2] {
+            let d = c.decisions(o).await;
+            assert!(
+                d.iter().all(|a| a == "wait"),
+                "wiped pod {o} must only wait: {d:?}"
+            );
+            assert!(
+                c.running(&c.etcd_ctr(o)).await,
+                "pod {o}'s init keeps waiting"
+            );
+            assert!(
+                c.status(o).await.is_none(),
+                "no etcd answers on wiped pod {o}"
+            );
+            let (code, r) = c.http(o, "/peer/report").await.unwrap();
+            assert_eq!(code, 200);
+            let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+            assert_eq!(r["has_data"], false, "pod {o}: {r}");
+        }
+        // The survivor restarted on its own data. Its etcd serves no client until it has
+        // a quorum, so its volume speaks through its sidecar's report.
+        c.assert_restarted_on_its_data(0, before).await;
+        let (code, r) = c.http(0, "/peer/report").await.unwrap();
+        assert_eq!(code, 200);
+        let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+        assert_eq!(r["has_data"], true, "{r}");
+        assert_eq!(
+            r["wal"]["member_id"].as_str(),
+            Some(format!("{survivor_id:x}").as_str()),
+            "the survivor kept its member ID: {r}"
+        );
+        assert_eq!(
+            r["wal"]["cluster_id"].as_str(),
+            Some(format!("{old:x}").as_str()),
+            "the survivor is the old cluster's: {r}"
+        );
+        for o in 0..3 {
+            let logs = c.logs(&c.etcd_ctr(o)).await;
+            assert!(
+                !logs.contains("restored from a backup"),
+                "pod {o} restored a backup over a cluster that still has data:\n{logs}"
+            );
+            let live = c.http(o, "/healthz").await;
+            assert!(matches!(live, Some((200, _))), "pod {o} /healthz {live:?}");
+            assert!(!c.ready(o).await, "pod {o} is not ready without quorum");
+        }
+        assert_eq!(
+            names(c.backup_list().await),
+            stored,
+            "the store holds the snapshots it held"
+        );
+        c.say("nothing restored: the survivor kept its data, the wiped pods wait");
     }
 }

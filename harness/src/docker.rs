@@ -40,6 +40,8 @@ use crate::{logs, Etcd};
 pub const DEFAULT_IMAGE: &str = "etcd-steward:test";
 /// Where Debian's etcd 3.4 is mounted in a pod that runs it.
 const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
+/// Where the backup store's volume is mounted in a pod ([`Cluster::enable_backups`]).
+pub const BACKUP_MOUNT: &str = "/backups";
 
 /// Scenarios running at once (`STEWARD_FAULT_PARALLEL`, default 2). A heavy scenario takes
 /// every slot.
@@ -196,6 +198,11 @@ pub struct Cluster {
     pub replicas: u32,
     /// `--learner-stall-timeout`, when given.
     pub stall_timeout: Option<String>,
+    /// The backup store's volume, once [`Cluster::enable_backups`] made it.
+    backups: Option<String>,
+    /// `--backup-interval` of pods created with backups (default `1h`: the periodic
+    /// snapshots stay out of the way of the ones a scenario takes).
+    pub backup_interval: String,
     /// The cluster network (a partition cuts it).
     pub net: String,
     /// The management network the test reaches pods on.
@@ -231,6 +238,8 @@ impl Cluster {
             run,
             replicas,
             stall_timeout: None,
+            backups: None,
+            backup_interval: "1h".to_string(),
             net,
             mgmt,
             mgmt_octet,
@@ -295,6 +304,25 @@ impl Cluster {
         args
     }
 
+    /// `-e`/`-v` options that give a container the backup store (`file://` on a volume
+    /// mounted at [`BACKUP_MOUNT`]; read-only for init, which only restores from it).
+    fn backup_args(&self, writable: bool) -> Vec<String> {
+        let Some(vol) = &self.backups else {
+            return Vec::new();
+        };
+        let mode = if writable { "rw" } else { "ro" };
+        vec![
+            "-e".into(),
+            format!("ETCD_STEWARD_BACKUP_URL=file://{BACKUP_MOUNT}"),
+            "-e".into(),
+            format!("ETCD_STEWARD_BACKUP_INTERVAL={}", self.backup_interval),
+            "-e".into(),
+            "ETCD_STEWARD_BACKUP_SCRATCH_DIR=/tmp/backup-scratch".into(),
+            "-v".into(),
+            format!("{vol}:{BACKUP_MOUNT}:{mode}"),
+        ]
+    }
+
     fn security_args(&self) -> Vec<String> {
         [
             "--read-only",
@@ -351,6 +379,7 @@ impl Cluster {
             "-v".into(),
             format!("{vol}:/var/lib/etcd"),
         ];
+        args.extend(self.backup_args(false));
         args.extend(self.security_args());
         if etcd == Etcd::V3_4 {
             for m in &self.mounts_3_4 {
@@ -419,6 +448,7 @@ impl Cluster {
             "-v".into(),
             format!("{}:/var/lib/etcd:ro", self.volume(o)),
         ];
+        args.extend(self.backup_args(true));
         args.extend(self.security_args());
         args.push(image());
         args.push("etcd-steward".into());
@@ -490,6 +520,82 @@ impl Cluster {
             .await
             .map(|s| s == "true")
             .unwrap_or(false)
+    }
+
+    // ---- backups -----------------------------------------------------------------------
+
+    /// Gives every pod created from now on a `file://` backup store, as
+    /// manifests/overlays/backup-file does: a volume of the run's (`<run>-backups`) mounted at
+    /// [`BACKUP_MOUNT`], writable by the sidecar and read-only for init.
+    pub async fn enable_backups(&mut self) {
+        let vol = format!("{}-backups", self.run);
+        let mut args = vec!["volume".to_string(), "create".to_string()];
+        args.extend(labels(&self.run));
+        args.push(vol.clone());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        must(&refs).await;
+        // A new volume is empty and root's. Mounted once where the image has a directory of
+        // the agent's user (/var/lib/etcd), Docker gives it that directory's owner.
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--rm".into(),
+            "--network".into(),
+            "none".into(),
+        ];
+        args.extend(self.security_args());
+        args.extend(["-v".into(), format!("{vol}:/var/lib/etcd"), image()]);
+        args.extend(["etcd-steward".into(), "--version".into()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        must(&refs).await;
+        self.backups = Some(vol.clone());
+        self.say(&format!(
+            "backup store: volume {vol} at file://{BACKUP_MOUNT}"
+        ));
+    }
+
+    /// `etcd-steward backup` in pod `o`'s sidecar container: one snapshot now through its
+    /// member, uploaded and checked; the manifest it printed.
+    pub async fn backup_now(&self, o: u32) -> serde_json::Value {
+        let ctr = self.steward_ctr(o);
+        let mut args: Vec<String> =
+            vec!["exec".into(), ctr, "etcd-steward".into(), "backup".into()];
+        args.extend(self.common_args(o));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = must(&refs).await;
+        let manifest: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("`backup` printed no JSON manifest ({e}): {out}"));
+        self.say(&format!("backup through pod {o}: {out}"));
+        manifest
+    }
+
+    /// `etcd-steward backup --list` in a throw-away container on the store's volume (no
+    /// pod needed, so it works with every pod gone): one object per snapshot, newest first.
+    pub async fn backup_list(&self) -> Vec<serde_json::Value> {
+        assert!(self.backups.is_some(), "backup_list before enable_backups");
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--rm".into(),
+            "--network".into(),
+            "none".into(),
+        ];
+        args.extend(self.backup_args(false));
+        args.extend(self.security_args());
+        args.extend([
+            image(),
+            "etcd-steward".into(),
+            "backup".into(),
+            "--list".into(),
+        ]);
+        args.extend(self.common_args(0));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = must(&refs).await;
+        out.lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| {
+                    panic!("`backup --list` printed a line that is not JSON ({e}): {l}")
+                })
+            })
+            .collect()
     }
 
     // ---- talking to pods ---------------------------------------------------------------

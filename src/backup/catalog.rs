@@ -96,6 +96,7 @@ mod tests {
             time_unix: 0,
             verified,
             unverified_reason: None,
+            encryption: None,
             drill: None,
         }
     }

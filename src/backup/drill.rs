@@ -175,20 +175,23 @@ async fn run<L: SnapshotSource>(
         Ok(s) => s,
         Err(e) => return Ok(fail(m, None, format!("integrity: {e}"))),
     };
-    if status.revision < m.revision {
+    // A keyspace never written to holds no revision: etcd serves it as revision 1, the
+    // revision a new cluster's manifest records.
+    let revision = status.revision.max(1);
+    if revision < m.revision {
         return Ok(fail(
             m,
-            Some(status.revision),
+            Some(revision),
             format!(
                 "the restored revision {} is older than the manifest's {}",
-                status.revision, m.revision
+                revision, m.revision
             ),
         ));
     }
     let (peer, client) = match (free_port(), free_port()) {
         (Ok(p), Ok(c)) => (p, c),
         (Err(e), _) | (_, Err(e)) => {
-            return Ok(fail(m, Some(status.revision), format!("no free port: {e}")))
+            return Ok(fail(m, Some(revision), format!("no free port: {e}")))
         }
     };
     let peer_url = format!("http://127.0.0.1:{peer}");
@@ -200,13 +203,12 @@ async fn run<L: SnapshotSource>(
     };
     let data = work.join("data");
     if let Err(e) = restore::restore_into(&setup.tool, &file, &m.name, &member, &data).await {
-        return Ok(fail(m, Some(status.revision), format!("restore: {e}")));
+        return Ok(fail(m, Some(revision), format!("restore: {e}")));
     }
     let client_url = format!("http://127.0.0.1:{client}");
     // A clean environment: etcd reads ETCD_* variables as flags, and the sidecar's own
     // (ETCD_STEWARD_*) are not meant for it.
-    let mut etcd = match tokio::process::Command::new(&setup.etcd_bin)
-        .env_clear()
+    let mut etcd = match super::tool::clean_command(&setup.etcd_bin, std::env::var_os("PATH"))
         .arg("--name=drill")
         .arg(format!("--data-dir={}", data.display()))
         .arg(format!("--listen-peer-urls={peer_url}"))
@@ -224,12 +226,12 @@ async fn run<L: SnapshotSource>(
         Err(e) => {
             return Ok(fail(
                 m,
-                Some(status.revision),
+                Some(revision),
                 format!("cannot start {:?}: {e}", setup.etcd_bin),
             ))
         }
     };
-    let hash = compare(status.revision, client, setup.start_timeout, live).await;
+    let hash = compare(revision, client, setup.start_timeout, live).await;
     let _ = etcd.kill().await;
     let (passed, detail) = match &hash {
         HashCheck::Match { revision, hash } => (
@@ -238,7 +240,7 @@ async fn run<L: SnapshotSource>(
         ),
         HashCheck::Skipped { reason } => (
             true,
-            format!("restored revision {} with {} keys (integrity checked); hash not compared: {reason}", status.revision, status.total_key),
+            format!("restored revision {} with {} keys (integrity checked); hash not compared: {reason}", revision, status.total_key),
         ),
         HashCheck::Mismatch { revision, restored, live } => (
             false,
@@ -252,7 +254,7 @@ async fn run<L: SnapshotSource>(
     Ok(DrillOutcome {
         snapshot: m.name.clone(),
         passed,
-        restored_revision: Some(status.revision),
+        restored_revision: Some(revision),
         total_keys: Some(status.total_key),
         hash,
         detail,

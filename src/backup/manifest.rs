@@ -34,9 +34,22 @@ pub struct Manifest {
     /// Why it is not verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unverified_reason: Option<String>,
+    /// How the stored object is encrypted (absent: it is the plain database). `sha256` and
+    /// `size` are the stored object's; etcd's trailer proves the plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
     /// What the last restore drill of this snapshot found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<DrillRecord>,
+}
+
+/// A snapshot's encryption, as recorded in its manifest: never the key itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encryption {
+    /// `age-x25519`.
+    pub scheme: String,
+    /// The fingerprint of the key it was encrypted to (`sha256:…` of the public key).
+    pub key: String,
 }
 
 /// A restore drill's outcome, as recorded in the manifest.
@@ -116,6 +129,8 @@ pub fn list_line(m: &Manifest) -> serde_json::Value {
         "sha256": m.sha256,
         "verified": m.verified,
         "time": m.time,
+        "encrypted": m.encryption.is_some(),
+        "key": m.encryption.as_ref().map(|e| e.key.clone()),
         "drill": m.drill.as_ref().map(|d| d.passed),
     })
 }

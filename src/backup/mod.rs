@@ -8,6 +8,7 @@
 //! cluster), [`schedule`] (pure: take one now? drill now? and the metric values).
 
 pub mod catalog;
+pub mod crypt;
 pub mod drill;
 pub mod manifest;
 pub mod restore;
@@ -45,6 +46,8 @@ pub struct BackupConfig {
     /// Where the drill restores and runs its throw-away etcd (an emptyDir in the manifests).
     pub scratch_dir: PathBuf,
     pub restore: RestoreChoice,
+    /// The encryption key (and older keys, for reading).
+    pub keys: crypt::Keys,
 }
 
 use std::time::SystemTime;
@@ -77,6 +80,9 @@ pub struct TickReport {
     pub drilled: Option<drill::DrillOutcome>,
     /// The snapshot attempt's failure, already counted in the metrics.
     pub take_error: Option<String>,
+    /// The store's newest verified snapshot after this tick (whoever took it): what the
+    /// cluster could be restored from now.
+    pub newest_verified: Option<Manifest>,
 }
 
 /// Backups for one running agent: the store and what the drill needs.
@@ -91,7 +97,7 @@ impl Backups {
     /// Opens the store (no network call yet). `etcd_bin` runs the drill's throw-away etcd.
     pub fn new(config: &BackupConfig, etcd_bin: PathBuf) -> Result<Backups, StoreError> {
         Ok(Backups {
-            store: Store::open(&config.url)?,
+            store: Store::open(&config.url)?.with_keys(config.keys.clone()),
             drill: drill::DrillSetup {
                 tool: config.tool.clone(),
                 etcd_bin,
@@ -181,6 +187,7 @@ impl Backups {
             report.pruned = catalog::prune(&self.store, self.config.keep).await?;
             manifests = self.list().await?;
         }
+        report.newest_verified = manifests.iter().find(|m| m.verified).cloned();
         if let Some(m) = schedule::should_drill(is_leader, &manifests) {
             match drill::drill(&self.store, m, &self.drill, source, now).await {
                 Ok(outcome) => {

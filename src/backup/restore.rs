@@ -15,6 +15,7 @@ use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
 use super::catalog;
+use super::crypt;
 use super::manifest::Manifest;
 use super::snapshot::StreamCheck;
 use super::store::{Store, StoreError};
@@ -28,6 +29,9 @@ pub enum RestoreError {
     HasData { path: PathBuf },
     #[error("snapshot {name} fails its checksum: {detail}")]
     Checksum { name: String, detail: String },
+    /// Encrypted, and no configured key opens it (or its ciphertext was tampered with).
+    #[error(transparent)]
+    Decrypt(crypt::CryptError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("restoring snapshot {name}: {source}")]
@@ -92,25 +96,76 @@ pub async fn fetch_verified(store: &Store, m: &Manifest, dest: &Path) -> Result<
     file.sync_all().await.map_err(io("sync", &partial))?;
     drop(file);
     let checked = check.finish();
-    let problem = if checked.sha256 != m.sha256 || checked.size != m.size {
-        Some(format!(
+    let checksum = |detail: String| RestoreError::Checksum {
+        name: m.name.clone(),
+        detail,
+    };
+    if checked.sha256 != m.sha256 || checked.size != m.size {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(checksum(format!(
             "the stored object ({} bytes, SHA-256 {}) differs from its manifest ({} bytes, SHA-256 {})",
             checked.size, checked.sha256, m.size, m.sha256
-        ))
-    } else {
-        checked.trailer.err()
+        )));
+    }
+    let trailer = match &m.encryption {
+        None => {
+            if !store.keys().is_empty() {
+                tracing::warn!(snapshot = %m.name, "snapshot is not encrypted although encryption keys are configured; restoring it as it is");
+            }
+            checked.trailer
+        }
+        Some(enc) => {
+            // Decrypt to the destination's name, then prove the plaintext with etcd's trailer.
+            let cipher = dest.with_extension("age");
+            tokio::fs::rename(&partial, &cipher)
+                .await
+                .map_err(io("rename", &cipher))?;
+            let (keys, name, key, plain) = (
+                store.keys().clone(),
+                m.name.clone(),
+                enc.key.clone(),
+                partial.clone(),
+            );
+            let c = cipher.clone();
+            let decrypted = tokio::task::spawn_blocking(move || {
+                crypt::decrypt_file(&name, &key, &keys, &c, &plain)
+            })
+            .await
+            .map_err(|e| io("decrypt", &cipher)(std::io::Error::other(e)))?;
+            let _ = tokio::fs::remove_file(&cipher).await;
+            if let Err(e) = decrypted {
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(RestoreError::Decrypt(e));
+            }
+            plain_trailer(&partial).await?
+        }
     };
-    if let Some(detail) = problem {
+    if let Err(detail) = trailer {
         let _ = tokio::fs::remove_file(&partial).await;
-        return Err(RestoreError::Checksum {
-            name: m.name.clone(),
-            detail,
-        });
+        return Err(checksum(detail));
     }
     tokio::fs::rename(&partial, dest)
         .await
         .map_err(io("rename", dest))?;
     Ok(())
+}
+
+/// etcd's trailer checked over a local (decrypted) snapshot file.
+async fn plain_trailer(path: &Path) -> Result<Result<(), String>, RestoreError> {
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .map_err(io("open", path))?;
+    let mut check = StreamCheck::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf).await.map_err(io("read", path))?;
+        if n == 0 {
+            break;
+        }
+        check.update(&buf[..n]);
+    }
+    Ok(check.finish().trailer)
 }
 
 /// Which snapshot to restore, once looked for.
@@ -168,6 +223,7 @@ pub async fn pick(store: &Store, choice: &RestoreChoice, dir: &Path) -> Result<P
                 })
             }
             Err(e @ RestoreError::Checksum { .. })
+            | Err(e @ RestoreError::Decrypt(_))
             | Err(e @ RestoreError::Store(StoreError::NotFound { .. })) => {
                 tracing::warn!(snapshot = %m.name, reason = %e, "snapshot skipped for restore");
                 skipped.push((m.name.clone(), e.to_string()));

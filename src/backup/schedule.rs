@@ -211,6 +211,7 @@ mod tests {
             time_unix: 0,
             verified,
             unverified_reason: None,
+            encryption: None,
             drill: drilled.then(|| crate::backup::manifest::DrillRecord {
                 time: String::new(),
                 time_unix: 0,

@@ -13,7 +13,8 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::manifest::{self, Manifest};
+use super::crypt::Encrypting;
+use super::manifest::{self, Encryption, Manifest};
 use super::store::{Store, StoreError};
 
 /// The length of etcd's SHA-256 trailer.
@@ -273,6 +274,8 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[derive(Debug, Error)]
 pub enum TakeError {
+    #[error("cannot encrypt the snapshot: {0}")]
+    Encrypt(std::io::Error),
     #[error("cannot take a snapshot: {0}")]
     Source(#[from] SourceError),
     #[error("cannot store the snapshot: {0}")]
@@ -292,7 +295,15 @@ pub async fn take<S: SnapshotSource>(
     let name = manifest::snapshot_name(now, info.revision);
     let mut stream = source.snapshot().await?;
     let mut upload = store.upload(&manifest::db_object(&name)).await?;
-    let mut check = StreamCheck::default();
+    // The plaintext's checks (etcd's trailer) and the stored object's (what a restore
+    // downloads): the same bytes unless the snapshot is encrypted on its way out.
+    let mut plain = StreamCheck::default();
+    let mut stored = StreamCheck::default();
+    let encrypt_to = store.keys().write.clone();
+    let mut encrypting = match &encrypt_to {
+        Some(key) => Some(Encrypting::new(key).map_err(TakeError::Encrypt)?),
+        None => None,
+    };
     while let Some(chunk) = stream.next().await {
         let chunk = match chunk {
             Ok(c) => c,
@@ -301,14 +312,39 @@ pub async fn take<S: SnapshotSource>(
                 return Err(e.into());
             }
         };
-        check.update(&chunk);
-        if let Err(e) = upload.write(&chunk).await {
+        plain.update(&chunk);
+        let out = match encrypting.as_mut() {
+            Some(e) => match e.update(&chunk) {
+                Ok(c) => c,
+                Err(e) => {
+                    upload.abort().await;
+                    return Err(TakeError::Encrypt(e));
+                }
+            },
+            None => chunk.to_vec(),
+        };
+        stored.update(&out);
+        if let Err(e) = upload.write(&out).await {
+            upload.abort().await;
+            return Err(e.into());
+        }
+    }
+    if let Some(e) = encrypting {
+        let last = match e.finish() {
+            Ok(c) => c,
+            Err(e) => {
+                upload.abort().await;
+                return Err(TakeError::Encrypt(e));
+            }
+        };
+        stored.update(&last);
+        if let Err(e) = upload.write(&last).await {
             upload.abort().await;
             return Err(e.into());
         }
     }
     upload.finish().await?;
-    let checked = check.finish();
+    let (plain, stored) = (plain.finish(), stored.finish());
     let (time, time_unix) = manifest::timestamps(now);
     let m = Manifest {
         name,
@@ -316,12 +352,16 @@ pub async fn take<S: SnapshotSource>(
         member_id: format!("{:x}", info.member_id),
         revision: info.revision,
         etcd_version: info.version,
-        size: checked.size,
-        sha256: checked.sha256,
+        size: stored.size,
+        sha256: stored.sha256,
         time,
         time_unix,
-        verified: checked.trailer.is_ok(),
-        unverified_reason: checked.trailer.err(),
+        verified: plain.trailer.is_ok(),
+        unverified_reason: plain.trailer.err(),
+        encryption: encrypt_to.map(|k| Encryption {
+            scheme: "age-x25519".into(),
+            key: k.fingerprint().to_string(),
+        }),
         drill: None,
     };
     write_manifest(store, &m).await?;

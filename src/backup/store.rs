@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::crypt::Keys;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
@@ -63,6 +64,8 @@ pub struct Store {
     prefix: ObjPath,
     /// The URL, for logs and errors (it carries no credentials).
     url: String,
+    /// What snapshots are encrypted with on the way in and decrypted with on the way out.
+    keys: Keys,
 }
 
 impl fmt::Debug for Store {
@@ -180,6 +183,7 @@ impl Store {
                     inner: Arc::new(local),
                     prefix: ObjPath::default(),
                     url: url.to_string(),
+                    keys: Keys::default(),
                 });
             }
         };
@@ -187,7 +191,18 @@ impl Store {
             inner,
             prefix: ObjPath::from(prefix.trim_matches('/')),
             url: url.to_string(),
+            keys: Keys::default(),
         })
+    }
+
+    /// The same store, its snapshots encrypted with (and decrypted with) `keys`.
+    pub fn with_keys(mut self, keys: Keys) -> Store {
+        self.keys = keys;
+        self
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
     }
 
     pub fn url(&self) -> &str {

@@ -4,6 +4,7 @@
 //! anything else as etcdutl. Both take the same `snapshot restore` and `snapshot status`
 //! arguments.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -75,10 +76,9 @@ impl EtcdTool {
     }
 
     fn command(&self) -> tokio::process::Command {
-        // A clean environment: etcdctl and etcdutl read ETCDCTL_* / ETCDUTL_* variables as
-        // flags; nothing from the agent's environment is meant for them.
-        let mut c = tokio::process::Command::new(&self.bin);
-        c.env_clear();
+        // etcdctl and etcdutl read ETCDCTL_* / ETCDUTL_* variables as flags: nothing else
+        // from the agent's environment is meant for them.
+        let mut c = clean_command(&self.bin, std::env::var_os("PATH"));
         if self.kind == ToolKind::Etcdctl {
             c.env("ETCDCTL_API", "3");
         }
@@ -149,10 +149,50 @@ impl EtcdTool {
     }
 }
 
+/// A command for one of etcd's programs with a clean environment but for `path` as its
+/// `PATH` (the agent's). Without a PATH, a bare name such as the default `etcdutl` would be
+/// looked up only in the C library's default path (/bin:/usr/bin), which misses the image's
+/// /usr/local/bin: every restore would fail with "No such file or directory".
+pub(crate) fn clean_command(bin: &Path, path: Option<OsString>) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(bin);
+    c.env_clear();
+    if let Some(path) = path {
+        c.env("PATH", path);
+    }
+    c
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_bare_tool_name_is_found_on_the_agents_path_in_a_clean_environment() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("etcdutl-on-path-only");
+        std::fs::write(&tool, "#!/bin/sh\necho \"found, FOO=$FOO\"\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path =
+            std::env::join_paths([dir.path(), Path::new("/usr/bin"), Path::new("/bin")]).unwrap();
+        let out = clean_command(Path::new("etcdutl-on-path-only"), Some(path))
+            .env("FOO", "set-here-only")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "found, FOO=set-here-only"
+        );
+        let missing = clean_command(Path::new("etcdutl-on-path-only"), None)
+            .output()
+            .await;
+        assert!(
+            missing.is_err(),
+            "without a PATH the bare name is not found"
+        );
+    }
 
     #[test]
     fn the_tool_kind_follows_the_file_name() {

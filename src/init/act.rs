@@ -114,6 +114,12 @@ pub async fn act<C: Connector>(
                         tracing::warn!(snapshot = %name, reason = %detail, "backup fails its checksum; the next round chooses another");
                         return Ok(Next::LookAgain(Pause::Now));
                     }
+                    Err(RestoreError::Decrypt(e)) => {
+                        let detail = e.to_string();
+                        marker::reject_snapshot(dir, name, &detail)?;
+                        tracing::warn!(snapshot = %name, reason = %detail, "backup cannot be decrypted with the configured keys; the next round chooses another");
+                        return Ok(Next::LookAgain(Pause::Now));
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }

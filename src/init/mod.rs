@@ -66,9 +66,11 @@ where
     }
     // The store a new cluster may restore from; opening it makes no request.
     let store = match &cfg.backup {
-        Some(b) if b.restore != RestoreChoice::Never => {
-            Some(Store::open(&b.url).map_err(RestoreError::from)?)
-        }
+        Some(b) if b.restore != RestoreChoice::Never => Some(
+            Store::open(&b.url)
+                .map_err(RestoreError::from)?
+                .with_keys(b.keys.clone()),
+        ),
         _ => None,
     };
     let observer = Observer {

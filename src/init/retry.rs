@@ -34,7 +34,9 @@ pub fn policy(e: &ActError) -> Retry {
         ActError::Volume(_) => Retry::GiveUp,
         // The store is unreachable, or a download failed its checksum, or the agreed
         // snapshot is gone: look again (never form an empty cluster instead).
-        ActError::Restore(RestoreError::Store(_) | RestoreError::Checksum { .. })
+        ActError::Restore(
+            RestoreError::Store(_) | RestoreError::Checksum { .. } | RestoreError::Decrypt(_),
+        )
         | ActError::SnapshotMissing { .. } => Retry::Backoff,
         // etcd's restore tool fails, or the volume cannot be written, or (never expected)
         // the volume holds data: exit, so `kubectl describe pod` shows why.

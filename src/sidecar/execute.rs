@@ -1,14 +1,30 @@
 //! The one executor: performs the planners' steps against etcd and says what came of each.
 //! It decides nothing; it logs each outcome once, here.
 
+use super::backup_round::BackupRounds;
 use super::conn::Connections;
 use super::plan::{Outcome, Step};
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
 
-/// Performs `step`.
-pub async fn execute<D: Dns, C: Connector>(conn: &mut Connections<D, C>, step: Step) -> Outcome {
+/// Performs `step`. A backup round is only started here (`backups`); it ends in its own
+/// task and reports through a later observation.
+pub async fn execute<D: Dns, C: Connector>(
+    conn: &mut Connections<D, C>,
+    backups: Option<&BackupRounds>,
+    step: Step,
+) -> Outcome {
     let result = match &step {
+        Step::BackupRound => match backups {
+            Some(rounds) => {
+                rounds.start();
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
         Step::Promote { id, via, .. } => match conn.remote(via).await {
             Some(voter) => voter.promote(*id).await,
             None => Err(EtcdError::Unreachable {
@@ -49,7 +65,11 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::RemoveLearner { id }, error) => {
             tracing::warn!(member_id = %format!("{id:x}"), %error, "could not remove stalled learner; retrying");
         }
-        Outcome::Moot(Step::RemoveLearner { .. }) | Outcome::NotYet(Step::RemoveLearner { .. }) => {
+        Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
+        Outcome::Failed(Step::BackupRound, error) => {
+            tracing::warn!(%error, "backup round not started");
         }
+        Outcome::Moot(Step::RemoveLearner { .. } | Step::BackupRound)
+        | Outcome::NotYet(Step::RemoveLearner { .. } | Step::BackupRound) => {}
     }
 }

@@ -1,8 +1,10 @@
 //! `sidecar`: binds its HTTP port (failing start-up if it is taken), then runs one loop:
 //! observe once per tick → the health verdict and the pure planners (promotion, stalled
-//! learners, …), each returning the steps it intends → one executor that performs them.
+//! learners, backups, …), each returning the steps it intends → one executor that performs
+//! them (a backup round in its own task, reported back through a later observation).
 //! Stops cleanly on SIGTERM.
 
+pub mod backup_round;
 pub mod conn;
 pub mod execute;
 pub mod health;
@@ -24,6 +26,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::Connector;
+use backup_round::BackupRounds;
 use conn::Connections;
 use health::{assess, Health};
 use http::metrics::{HealthMetrics, InitMetrics};
@@ -57,6 +60,8 @@ pub struct Sidecar<D, C: Connector, P> {
     journal: Journal,
     own_peer_url: String,
     planners: Vec<Box<dyn Planner>>,
+    /// Backup rounds running in the background, with `--backup-url`.
+    backups: Option<BackupRounds>,
     /// The last tick's outcomes, which the next observation carries.
     previous: Vec<Outcome>,
     health: watch::Sender<Health>,
@@ -74,6 +79,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             journal: Journal::new(&cfg.data_dir),
             own_peer_url: id.peer_url(id.ordinal),
             planners: plan::planners(cfg, registry),
+            backups: BackupRounds::new(cfg),
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
             health_metrics: HealthMetrics::register(registry),
@@ -96,12 +102,17 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         )
         .await;
         seen.previous = std::mem::take(&mut self.previous);
+        seen.backup_rounds = self
+            .backups
+            .as_mut()
+            .map(BackupRounds::ended)
+            .unwrap_or_default();
         let health = assess(&seen.local);
         self.publish(&seen, &health);
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
             for step in planner.plan(&seen) {
-                let outcome = execute::execute(&mut self.conn, step).await;
+                let outcome = execute::execute(&mut self.conn, self.backups.as_ref(), step).await;
                 planner.learn(&outcome);
                 outcomes.push(outcome);
             }

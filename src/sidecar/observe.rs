@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::conn::Connections;
 use super::health::{LocalObservation, PeerApi};
+use super::plan::backup::RoundEnd;
 use super::plan::Outcome;
 use crate::config::Config;
 use crate::dns::Dns;
@@ -48,6 +49,8 @@ pub struct Observation {
     pub journal: JournalView,
     /// What the previous tick's steps came to, every planner's (filled in by the loop).
     pub previous: Vec<Outcome>,
+    /// The backup rounds that ended since the last tick (filled in by the loop).
+    pub backup_rounds: Vec<RoundEnd>,
 }
 
 /// The init journal (`member/steward/decisions.jsonl`) as last read.
@@ -210,6 +213,7 @@ pub async fn observe<D: Dns, C: Connector>(
         joining,
         journal,
         previous: Vec::new(),
+        backup_rounds: Vec::new(),
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::{self, Write};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
@@ -109,6 +109,47 @@ impl OptionalGauge {
 }
 
 impl EncodeMetric for OptionalGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        match self.get() {
+            Some(v) => encoder.encode_gauge(&v),
+            None => Ok(()),
+        }
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+
+    fn is_empty(&self) -> bool {
+        self.get().is_none()
+    }
+}
+
+/// A floating-point gauge (seconds, a Unix time) that is absent while its value is unknown.
+#[derive(Debug, Clone)]
+pub struct OptionalSeconds {
+    bits: Arc<AtomicU64>,
+}
+
+impl Default for OptionalSeconds {
+    fn default() -> Self {
+        OptionalSeconds {
+            bits: Arc::new(AtomicU64::new(f64::NAN.to_bits())),
+        }
+    }
+}
+
+impl OptionalSeconds {
+    pub fn set(&self, value: f64) {
+        self.bits.store(value.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        Some(f64::from_bits(self.bits.load(Ordering::Relaxed))).filter(|v| !v.is_nan())
+    }
+}
+
+impl EncodeMetric for OptionalSeconds {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
         match self.get() {
             Some(v) => encoder.encode_gauge(&v),

@@ -202,6 +202,7 @@ mod planner_tests {
             joining: None,
             journal: JournalView::default(),
             previous: Vec::new(),
+            backup_rounds: Vec::new(),
         }
     }
 

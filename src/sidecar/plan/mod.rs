@@ -3,6 +3,7 @@
 //! (the time is in the observation). A new behaviour (backup schedule, defragmentation,
 //! scale-in) is a new planner: one file here, and one line in [`planners`].
 
+pub mod backup;
 pub mod evict;
 pub mod promote;
 
@@ -21,6 +22,9 @@ pub enum Step {
     Promote { id: u64, via: String, why: Why },
     /// Remove learner `id` through the local member (this pod's member leads).
     RemoveLearner { id: u64 },
+    /// Start a backup round (take if due → prune → drill) in the background; it reports
+    /// back through the observation of a later tick (`Observation::backup_rounds`).
+    BackupRound,
 }
 
 /// Why a step is intended: the log says it, tests match on it.
@@ -76,8 +80,12 @@ pub trait Planner: Send {
 
 /// Every planner, in the order their steps run. Each registers its own metrics.
 pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
-    vec![
+    let mut planners: Vec<Box<dyn Planner>> = vec![
         Box::new(promote::Promote::new(registry)),
         Box::new(evict::Evict::new(cfg.learner_stall_timeout, registry)),
-    ]
+    ];
+    if let Some(b) = &cfg.backup {
+        planners.push(Box::new(backup::Backup::new(b.interval, registry)));
+    }
+    planners
 }
