@@ -9,6 +9,9 @@
 //!
 //! 8b. The restore drill of that snapshot (`etcd-steward backup --drill`), for context.
 //!
+//! 8c. The leader's sidecar's peak RSS over a backup round of its own (snapshot, then the
+//!    drill), started again with an empty store so the round is due at once.
+//!
 //! 9. Every volume lost: three empty pods started at t0 with `--backup-url` agree on the
 //!    newest snapshot, each downloads and checks it, restores it and starts etcd; done when
 //!    all three `/ready` answer 200 as three voters. Baseline, by hand on three plain pods
@@ -355,10 +358,129 @@ async fn snapshot_figures(
         "bench: backup: drill {:.2}s peak {:.1} MiB: {}",
         d.secs, d.peak_mib, outcome
     );
+    let sidecar = sidecar_rounds(env, tools, src, opts, label).await?;
     Ok(SnapshotResult {
-        figures: vec![time, rss, drill],
+        figures: vec![time, rss, drill, sidecar],
         taken: Taken { name, keys },
     })
+}
+
+/// 8c: the sidecar's own rounds. Per run, the member's sidecar is started again with an
+/// empty store of its own: as the leader it takes a snapshot at once, then drills it.
+/// Its `VmHWM` is read every 5 ms from its start until the drill is recorded.
+async fn sidecar_rounds(
+    env: &Env,
+    tools: &Tools,
+    src: &mut Set,
+    opts: &Options,
+    label: &str,
+) -> Result<Figure> {
+    let mut fig = Figure::new(
+        format!("8c. Peak RSS (`VmHWM`) of the leader's sidecar over a backup round of {label}: the snapshot, then its drill"),
+        "MiB",
+        Target::AtMost(RSS_TARGET_MIB),
+    );
+    let (mut taken_at, mut drilled_at) = (Vec::new(), Vec::new());
+    for run in 0..opts.runs.max(1) {
+        let store = Store::new()?;
+        let r = sidecar_round(env, tools, src, &store).await?;
+        eprintln!(
+            "bench: backup: sidecar round {}: snapshot in the store {:.2}s after the sidecar started, drilled {:.2}s, sidecar peak {:.1} MiB",
+            run + 1,
+            r.taken_at,
+            r.drilled_at,
+            r.peak_mib
+        );
+        fig.agent.push(r.peak_mib);
+        taken_at.push(r.taken_at);
+        drilled_at.push(r.drilled_at);
+    }
+    fig.note = format!(
+        "from the sidecar's start (its store empty, so the round is due at once): snapshot in the store after {} s, drill recorded after {} s (medians); the sidecar's own process (etcdutl and the drill's throw-away etcd are its children, not counted)",
+        median(&taken_at).map(fmt_num).unwrap_or_default(),
+        median(&drilled_at).map(fmt_num).unwrap_or_default()
+    );
+    Ok(fig)
+}
+
+struct Round {
+    peak_mib: f64,
+    taken_at: f64,
+    drilled_at: f64,
+}
+
+async fn sidecar_round(env: &Env, tools: &Tools, src: &mut Set, store: &Store) -> Result<Round> {
+    src.kill_sidecar(0).await;
+    let plain = std::mem::take(&mut src.extra_args);
+    let mut args = backup_args(tools, store, &src.root().join("scratch-sidecar"));
+    // The drill's throw-away etcd: the release under test (the harness passes --etcd-bin
+    // to init only).
+    args.push(format!("--etcd-bin={}", env.etcd.display()));
+    src.extra_args = args;
+    let started = src.start_sidecar(0);
+    src.extra_args = plain;
+    started?;
+    let t0 = Instant::now();
+    let pid = src
+        .sidecar_pid(0)
+        .ok_or_else(|| anyhow!("the sidecar exited at once"))?;
+    let mut peak_kib: f64 = 0.0;
+    let mut taken_at = None;
+    let mut polls: u64 = 0;
+    loop {
+        match status_kib(pid, "VmHWM") {
+            Ok(kib) => peak_kib = peak_kib.max(kib),
+            Err(_) => bail!("the sidecar exited during its backup round"),
+        }
+        polls += 1;
+        // The store is looked at every 50 ms; the sidecar's memory every 5 ms.
+        if polls % 10 == 0 {
+            if let Some(m) = stored_manifest(store)? {
+                if taken_at.is_none() {
+                    if m["verified"] != true {
+                        bail!("the sidecar's snapshot is not verified: {m}");
+                    }
+                    taken_at = Some(t0.elapsed().as_secs_f64());
+                }
+                if !m["drill"].is_null() {
+                    if m["drill"]["passed"] != true {
+                        bail!("the sidecar's drill failed: {m}");
+                    }
+                    let drilled_at = t0.elapsed().as_secs_f64();
+                    src.kill_sidecar(0).await;
+                    return Ok(Round {
+                        peak_mib: peak_kib / 1024.0,
+                        taken_at: taken_at.unwrap_or(drilled_at),
+                        drilled_at,
+                    });
+                }
+            }
+        }
+        if t0.elapsed() > TIMEOUT {
+            bail!("the sidecar's backup round not done after {TIMEOUT:?}");
+        }
+        tokio::time::sleep(RSS_EVERY).await;
+    }
+}
+
+/// The one manifest in the store, once written (the store's writes are renames: a
+/// manifest is read whole or not at all).
+fn stored_manifest(store: &Store) -> Result<Option<serde_json::Value>> {
+    let entries = match std::fs::read_dir(store.snapshots()) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    for e in entries {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let text = std::fs::read_to_string(&path)?;
+            return Ok(Some(serde_json::from_str(&text).with_context(|| {
+                format!("{} is not a manifest", path.display())
+            })?));
+        }
+    }
+    Ok(None)
 }
 
 /// `etcd-steward backup` through the member: (the process, its manifest).
