@@ -37,7 +37,7 @@ fn cpu_secs(pid: u32, clk_tck: f64) -> Result<f64> {
 }
 
 /// A `/proc/PID/status` field in KiB (VmRSS, VmHWM).
-fn status_kib(pid: u32, field: &str) -> Result<f64> {
+pub(crate) fn status_kib(pid: u32, field: &str) -> Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

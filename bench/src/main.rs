@@ -8,7 +8,12 @@
 //!
 //! `--smoke`: one short run of every scenario with tiny data, written to a scratch
 //! directory; exits non-zero if the machinery is broken (targets are not judged).
+//!
+//! `--only backup --section backup`: the backup figures (issue 10), a snapshot of
+//! `--backup-size` into the store and three pods restored from it; not in the default run
+//! (it needs several GiB of disk and ~10 minutes at 1 GiB), but in the smoke run.
 
+mod backup;
 mod env;
 mod footprint;
 mod formation;
@@ -41,7 +46,11 @@ const SCENARIOS: &[&str] = &[
     "replacement",
     "health",
     "footprint",
+    "backup",
 ];
+
+/// Run only when named in `--only` (and in the smoke run).
+const NOT_BY_DEFAULT: &[&str] = &["backup"];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -82,7 +91,14 @@ struct Cli {
     /// Start-up overhead: runs per case.
     #[arg(long, default_value_t = 20)]
     startup_runs: usize,
-    /// Only these scenarios (image, startup, formation, restart, replacement, health, footprint).
+    /// Backup: bytes of keys in the member whose snapshot is taken and restored.
+    #[arg(long, default_value = "1G")]
+    backup_size: String,
+    /// Backup: runs of the snapshot and of the restore figure.
+    #[arg(long, default_value_t = 3)]
+    backup_runs: usize,
+    /// Only these scenarios (image, startup, formation, restart, replacement, health,
+    /// footprint; backup runs only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Where to write the report; default BENCHMARKS.md (smoke: target/bench-smoke/).
@@ -226,6 +242,8 @@ async fn run(mut cli: Cli) -> Result<bool> {
         cli.soak = Duration::from_secs(3).into();
         cli.wrk_secs = 1;
         cli.startup_runs = 3;
+        cli.backup_size = "4M".into();
+        cli.backup_runs = 1;
         std::fs::create_dir_all(&scratch)?;
     }
     let pick = |given: &Option<PathBuf>, full: PathBuf, smoke: &str| {
@@ -250,7 +268,11 @@ async fn run(mut cli: Cli) -> Result<bool> {
         "results.json",
     );
     let only: Vec<String> = if cli.only.is_empty() {
-        SCENARIOS.iter().map(|s| s.to_string()).collect()
+        SCENARIOS
+            .iter()
+            .filter(|s| cli.smoke || !NOT_BY_DEFAULT.contains(s))
+            .map(|s| s.to_string())
+            .collect()
     } else {
         for s in &cli.only {
             if !SCENARIOS.contains(&s.as_str()) {
@@ -264,6 +286,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
         .iter()
         .map(|s| parse_size(s))
         .collect::<Result<_>>()?;
+    let backup_bytes = parse_size(&cli.backup_size)?;
     let etcd = cli
         .etcd_bin
         .clone()
@@ -308,7 +331,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
             format!("scripts/bench.sh {}", args.join(" "))
         }
     };
-    let settings = format!(
+    let mut settings = format!(
         "{} runs per figure ({} for formation and full restart, {} for ≥ 512 MiB); replacement sizes {}; footprint {} idle + {} at {} writes/s; wrk {} s per case, {} thread, {} connections, a new connection per request; start-up {} runs per case",
         cli.runs,
         cli.cheap_runs,
@@ -322,6 +345,13 @@ async fn run(mut cli: Cli) -> Result<bool> {
         health::WRK_CONNECTIONS,
         cli.startup_runs
     );
+    if only.iter().any(|s| s == "backup") {
+        settings.push_str(&format!(
+            "; backup: a one-member set holding {}, {} runs of each backup figure, store `file://`",
+            replacement::size_label(backup_bytes),
+            cli.backup_runs
+        ));
+    }
     eprintln!("bench: {settings}");
 
     let mut figures: Vec<Figure> = Vec::new();
@@ -378,6 +408,21 @@ async fn run(mut cli: Cli) -> Result<bool> {
                     },
                 )
                 .await
+            }
+            "backup" => {
+                let opts = backup::Options {
+                    bytes: backup_bytes,
+                    runs: cli.backup_runs,
+                };
+                let mut done = Vec::new();
+                let r = backup::run(&env, &opts, &mut done).await;
+                match r {
+                    Ok(()) => Ok(done),
+                    Err(e) => {
+                        figures.extend(done);
+                        Err(e)
+                    }
+                }
             }
             _ => unreachable!("listed in SCENARIOS"),
         };
