@@ -22,6 +22,9 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
+            Command::Backup(b) => {
+                let _ = b.common.validate();
+            }
             Command::Install(_) => {}
         }
     }

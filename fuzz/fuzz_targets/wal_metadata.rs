@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(id) = etcd_steward::datadir::parse_wal_metadata(data) {
+    if let Ok(id) = etcd_steward::volume::wal::parse_wal_metadata(data) {
         assert_ne!(id.member_id, 0);
     }
 });
