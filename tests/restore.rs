@@ -38,6 +38,17 @@ async fn formed(etcd: Etcd, store: &Path, restore: &str) -> Set {
         format!("--restore={restore}"),
     ];
     set.start_all(FORM).await.unwrap();
+    if restore != "never" {
+        // The leader's sidecar takes the store's first snapshot at once; with a 1 h interval,
+        // none after it: the snapshots the test takes are the newest.
+        wait_for(FORM, "the leader's sidecar's first snapshot", || async {
+            std::fs::read_dir(store.join("snapshots")).is_ok_and(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+            })
+        })
+        .await;
+    }
     set
 }
 
@@ -178,14 +189,21 @@ async fn backups_none_of_which_is_usable_mean_waiting_not_an_empty_cluster(etcd:
     let store = tempfile::tempdir().unwrap();
     let mut set = formed(etcd, store.path(), "latest").await;
     set.put_keys("k", 10).await.unwrap();
-    let only = backup_now(&set, 0).await;
-    let db = store.path().join(format!("snapshots/{only}.db"));
-    let mut bytes = std::fs::read(&db).unwrap();
-    let last = bytes.len() - 40;
-    bytes[last] ^= 0xff;
-    std::fs::write(&db, bytes).unwrap();
-
+    backup_now(&set, 0).await;
+    // Every snapshot in the store (the test's, and any the leader's sidecar took) corrupted.
     lose_every_volume(&mut set).await;
+    let mut corrupted = 0;
+    for entry in std::fs::read_dir(store.path().join("snapshots")).unwrap() {
+        let db = entry.unwrap().path();
+        if db.extension().is_some_and(|x| x == "db") {
+            let mut bytes = std::fs::read(&db).unwrap();
+            let last = bytes.len() - 40;
+            bytes[last] ^= 0xff;
+            std::fs::write(&db, bytes).unwrap();
+            corrupted += 1;
+        }
+    }
+    assert!(corrupted >= 1);
     restart_all(&mut set).await;
     wait_for(
         Duration::from_secs(30),
