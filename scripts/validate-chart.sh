@@ -454,7 +454,8 @@ sidecar_pid=$!
 trap 'kill "$sidecar_pid" 2>/dev/null || true' EXIT
 metrics=$out/sidecar-metrics.txt
 for _ in $(seq 50); do
-    if "$py" -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=2).read())' \
+    # promtool reads the Prometheus text format: ask for it, as a scraper of that format does.
+    if "$py" -c 'import sys, urllib.request; r = urllib.request.Request(sys.argv[1], headers={"Accept": "text/plain;version=0.0.4"}); open(sys.argv[2], "wb").write(urllib.request.urlopen(r, timeout=2).read())' \
         "http://127.0.0.1:$port/metrics" "$metrics" 2>/dev/null; then break; fi
     kill -0 "$sidecar_pid" 2>/dev/null || { cat "$out/sidecar.log" >&2; die "the sidecar exited"; }
     sleep 0.2

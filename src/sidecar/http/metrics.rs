@@ -3,9 +3,8 @@
 //! (the planners in their constructors; the health verdicts and the init journal here), so a
 //! new one touches no other.
 //!
-//! Prometheus asks for OpenMetrics (`Accept: application/openmetrics-text`) and gets it. Any
-//! other client (`curl`, a plain-text `Accept`, none) gets the Prometheus text format, as
-//! `promtool check metrics` reads it: the same samples, with a counter's `# HELP` and
+//! A scraper that asks only for the Prometheus text format (`Accept: text/plain`, as
+//! `promtool check metrics` reads) gets it: the same samples, with a counter's `# HELP` and
 //! `# TYPE` named like its samples (`…_total`), which OpenMetrics names without the suffix.
 
 use std::collections::BTreeMap;
@@ -32,16 +31,13 @@ pub enum Format {
 }
 
 impl Format {
-    /// OpenMetrics when the `Accept` header names it (as Prometheus's does); the Prometheus
-    /// text format otherwise, as most exporters answer `curl`.
+    /// OpenMetrics unless the `Accept` header asks for plain text and not OpenMetrics.
     pub fn negotiate(accept: &str) -> Format {
-        if accept
-            .to_ascii_lowercase()
-            .contains("application/openmetrics-text")
-        {
-            Format::OpenMetrics
-        } else {
+        let accept = accept.to_ascii_lowercase();
+        if !accept.contains("application/openmetrics-text") && accept.contains("text/plain") {
             Format::PrometheusText
+        } else {
+            Format::OpenMetrics
         }
     }
 
@@ -288,9 +284,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn openmetrics_is_served_to_whoever_asks_for_it_and_text_to_the_rest() {
-        assert_eq!(Format::negotiate(""), Format::PrometheusText);
-        assert_eq!(Format::negotiate("*/*"), Format::PrometheusText);
+    fn plain_text_is_chosen_only_when_openmetrics_is_not_accepted() {
+        assert_eq!(Format::negotiate(""), Format::OpenMetrics);
+        assert_eq!(Format::negotiate("*/*"), Format::OpenMetrics);
         assert_eq!(
             Format::negotiate(
                 "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
