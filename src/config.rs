@@ -33,6 +33,9 @@ pub enum Command {
     Install(InstallArgs),
     /// Take one snapshot now through the local member (or --list, or --drill).
     Backup(BackupCmdArgs),
+    /// When a majority of volumes is lost: print the plan to recover the cluster from the
+    /// freshest surviving volume (changing nothing), or carry it out with --yes.
+    Recover(RecoverArgs),
 }
 
 #[derive(Debug, Args)]
@@ -634,6 +637,24 @@ pub struct BackupCmdArgs {
     /// --backup-encryption-key-file, and exit.
     #[arg(long, conflicts_with_all = ["list", "drill"])]
     pub generate_key: bool,
+}
+
+/// `recover`'s options: `init`'s, and what to do.
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Carry the plan out: hand it to every pod, then follow it until the survivor serves
+    /// as a one-member cluster.
+    #[arg(long)]
+    pub yes: bool,
+    /// A pod lost for good (its volume gone, its node dead): its silence is no longer read
+    /// as "it could hold fresher data". Repeat for several.
+    #[arg(long = "force-lost", value_name = "POD")]
+    pub force_lost: Vec<String>,
+    /// With --yes, how long to follow the recovery before giving up (it goes on in the pods).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[cfg(test)]

@@ -34,6 +34,28 @@ pub struct WalIdentity {
     pub cluster_id: u64,
 }
 
+/// How far a volume's log goes, read from its WAL while etcd is not running (or racing it:
+/// a torn tail is ignored): the evidence that says which surviving volume is freshest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalTail {
+    /// The index and term of the last entry written (committed or not).
+    pub last_index: u64,
+    pub last_term: u64,
+    /// The commit index of the newest hard state: what `--force-new-cluster` keeps
+    /// (etcd discards the entries after it).
+    pub commit: u64,
+    /// The term of the newest hard state.
+    pub term: u64,
+}
+
+impl WalTail {
+    /// Orders volumes by how much of the cluster's history they can bring back: the
+    /// committed log first (what a forced restart keeps), then the log's end.
+    pub fn freshness(&self) -> (u64, u64, u64) {
+        (self.commit, self.last_term, self.last_index)
+    }
+}
+
 /// The formation marker a pod writes before a new cluster is formed: its own random
 /// nonce, the initial cluster it forms with, and, once it has decided to start etcd,
 /// the cluster token derived from every initial pod's nonce.
@@ -49,10 +71,48 @@ pub struct Formation {
     pub snapshot: Option<String>,
 }
 
+/// A recovery from the freshest surviving volume, as an operator asked for it
+/// (`etcd-steward recover --yes`) and carried to every pod's sidecar. It is a request, not
+/// an order: the survivor acts only when its own observations lead to the same plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryRequest {
+    pub id: String,
+    /// The pod whose volume the cluster is recovered from.
+    pub survivor: String,
+    /// Pods the operator declared lost for good (`--force-lost`): their silence is not
+    /// taken as "could hold fresher data".
+    #[serde(default)]
+    pub force_lost: Vec<String>,
+    /// Unix seconds after which the request is ignored: a request never lingers to act on
+    /// a later, different outage.
+    pub expires_unix: u64,
+}
+
+/// The survivor's record, written in its volume before etcd is started with
+/// `--force-new-cluster`: the recovery's ID and the commit index the WAL held then. Once
+/// the WAL's commit index has moved past it, the forced start has happened and is never
+/// repeated (a lone member without quorum cannot advance its commit index).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryMarker {
+    pub id: String,
+    pub commit: u64,
+}
+
+impl RecoveryMarker {
+    /// Whether etcd has started from it (its commit index moved past the recorded one).
+    pub fn applied(&self, tail: Option<&WalTail>) -> bool {
+        tail.is_some_and(|t| t.commit > self.commit)
+    }
+}
+
 /// What the data directory holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataDirState {
     pub wal: WalState,
+    /// How far the log goes; read only when a recovery needs it (it scans the last WAL).
+    pub tail: Option<WalTail>,
+    /// The recovery marker, when this volume was (or is being) recovered from.
+    pub recovery: Option<RecoveryMarker>,
     /// Our formation marker, when a formation is (or was) under way for this volume.
     pub formation: Option<Formation>,
     /// Anomalies worth a line in the decision log (an unreadable marker, …).
@@ -61,9 +121,10 @@ pub struct DataDirState {
     pub rejected_snapshots: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum WalState {
     /// No `*.wal` file: etcd would treat this directory as empty.
+    #[default]
     None,
     /// A WAL exists: etcd has data here. Its identity, or why it could not be read.
     Present(Result<WalIdentity, String>),
@@ -74,6 +135,8 @@ impl DataDirState {
     pub fn empty() -> Self {
         Self {
             wal: WalState::None,
+            tail: None,
+            recovery: None,
             formation: None,
             notes: vec![],
             rejected_snapshots: vec![],
@@ -151,7 +214,7 @@ pub struct MemberStatus {
 }
 
 /// What `GET /peer/report` answers: a pod's sidecar telling the others about its volume.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerReport {
     /// The reporting pod's name.
     pub name: String,
@@ -166,6 +229,15 @@ pub struct PeerReport {
     /// The formation marker, when the pod has one.
     #[serde(default)]
     pub formation: Option<Formation>,
+    /// How far the volume's log goes (absent without data, or from older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<WalTail>,
+    /// The volume's recovery marker, when it was recovered from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoveryMarker>,
+    /// A recovery an operator asked for, held by this pod's sidecar until it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_request: Option<RecoveryRequest>,
 }
 
 /// A member to send a membership change to: its DNS name and the address it answered at.
@@ -203,6 +275,9 @@ pub struct Facts {
     pub backups: BackupFacts,
     /// A random nonce, used if this round prepares a formation marker.
     pub fresh_nonce: String,
+    /// A recovery an operator asked for, as a sidecar (a peer's or this pod's) holds it;
+    /// one naming this pod first.
+    pub recovery_request: Option<RecoveryRequest>,
 }
 
 impl Facts {
@@ -287,10 +362,11 @@ pub enum ActionKind {
     Replace,
     SetAside,
     Wait,
+    Recover,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 7] = [
+    pub const ALL: [ActionKind; 8] = [
         ActionKind::Restart,
         ActionKind::Bootstrap,
         ActionKind::Join,
@@ -298,6 +374,7 @@ impl ActionKind {
         ActionKind::Replace,
         ActionKind::SetAside,
         ActionKind::Wait,
+        ActionKind::Recover,
     ];
 
     /// The name users see in logs, metrics and `init --dry-run`.
@@ -310,6 +387,7 @@ impl ActionKind {
             ActionKind::Replace => "replace",
             ActionKind::SetAside => "set-aside",
             ActionKind::Wait => "wait",
+            ActionKind::Recover => "recover",
         }
     }
 }

@@ -1,11 +1,11 @@
-//! A bounded HTTP/1 GET: one connection, a deadline for the whole exchange, and a cap on
+//! A bounded HTTP/1 GET (and a small JSON POST): one connection, a deadline for the whole exchange, and a cap on
 //! the body, for talking to peers' sidecars and etcd's peer API.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Either, Empty, Full, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
@@ -41,6 +41,31 @@ pub async fn get_with(
     max_body: usize,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<(u16, Vec<u8>), GetError> {
+    send(addr, host, path, None, timeout, max_body, tls).await
+}
+
+/// POSTs the JSON `body` to `path` (as [`get_with`] GETs).
+pub async fn post_json(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(u16, Vec<u8>), GetError> {
+    send(addr, host, path, Some(body), timeout, 16 * 1024, tls).await
+}
+
+async fn send(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    post: Option<Vec<u8>>,
+    timeout: Duration,
+    max_body: usize,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(u16, Vec<u8>), GetError> {
+    let method = if post.is_some() { "POST" } else { "GET" };
     let exchange = async {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
@@ -49,7 +74,7 @@ pub async fn get_with(
                 _ => GetError::Failed(format!("connect {addr}: {e}")),
             })?;
         match tls {
-            None => exchange(TokioIo::new(stream), addr, host, path, max_body).await,
+            None => exchange(TokioIo::new(stream), addr, host, path, post, max_body).await,
             Some(config) => {
                 let name = ServerName::try_from(host.to_string()).map_err(|e| {
                     GetError::Failed(format!("{host:?} is not a TLS server name: {e}"))
@@ -58,13 +83,13 @@ pub async fn get_with(
                     .connect(name, stream)
                     .await
                     .map_err(|e| GetError::Failed(format!("TLS with {host} at {addr}: {e}")))?;
-                exchange(TokioIo::new(stream), addr, host, path, max_body).await
+                exchange(TokioIo::new(stream), addr, host, path, post, max_body).await
             }
         }
     };
     tokio::time::timeout(timeout, exchange).await.map_err(|_| {
         GetError::Failed(format!(
-            "GET {path} from {addr}: no answer within {timeout:?}"
+            "{method} {path} to {addr}: no answer within {timeout:?}"
         ))
     })?
 }
@@ -96,6 +121,7 @@ async fn exchange<S>(
     addr: SocketAddr,
     host: &str,
     path: &str,
+    post: Option<Vec<u8>>,
     max_body: usize,
 ) -> Result<(u16, Vec<u8>), GetError>
 where
@@ -105,14 +131,20 @@ where
         .await
         .map_err(|e| GetError::Failed(format!("handshake with {addr}: {e}")))?;
     let conn = tokio::spawn(conn);
-    let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, host)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| GetError::Failed(e.to_string()))?;
+    let req = match post {
+        None => hyper::Request::get(path)
+            .header(hyper::header::HOST, host)
+            .body(Either::Left(Empty::<Bytes>::new())),
+        Some(body) => hyper::Request::post(path)
+            .header(hyper::header::HOST, host)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Either::Right(Full::new(Bytes::from(body)))),
+    }
+    .map_err(|e| GetError::Failed(e.to_string()))?;
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| GetError::Failed(format!("GET {path} from {addr}: {e}")))?;
+        .map_err(|e| GetError::Failed(format!("{path} at {addr}: {e}")))?;
     let status = resp.status().as_u16();
     let body = Limited::new(resp.into_body(), max_body)
         .collect()

@@ -63,6 +63,14 @@ impl Identity {
     }
 
     /// The stable DNS name of `ordinal`: `<pod>.<service>.<namespace>.svc.<domain>`.
+    /// The ordinal of pod `name` of this set (`etcd-2` → 2).
+    pub fn ordinal_of_name(&self, name: &str) -> Option<u32> {
+        name.strip_prefix(self.set_name.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
+    }
+
     pub fn host(&self, ordinal: u32) -> String {
         format!(
             "{}.{}.{}.svc.{}",

@@ -17,6 +17,7 @@ pub mod http_get;
 pub mod identity;
 pub mod init;
 pub mod logs;
+pub mod recover;
 pub mod report;
 pub mod sidecar;
 pub mod tls;

@@ -10,11 +10,14 @@ use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
-use etcd_steward::{backup, exec, sidecar};
+use etcd_steward::recover::command::Ended;
+use etcd_steward::{backup, exec, recover, sidecar};
 
 /// EX_USAGE: a configuration error.
 const EXIT_CONFIG: u8 = 64;
 const EXIT_RUNTIME: u8 = 1;
+/// `recover` refused (quorum, no data, a pod that could hold fresher data is silent).
+const EXIT_REFUSED: u8 = 2;
 
 /// Writes the error where `kubectl describe pod` shows it, logs it once, and fails.
 fn fail(e: &anyhow::Error) -> ExitCode {
@@ -124,6 +127,34 @@ fn main() -> ExitCode {
             });
             match result {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Recover(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(async {
+                    let dns = HickoryDns::new(cfg.dns_server)?;
+                    let connector = EtcdClientConnector::new(&cfg);
+                    recover::command::run(cfg, &args, dns, connector).await
+                })
+            });
+            match result {
+                Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
+                Ok(Ended::Refused(why)) => {
+                    eprintln!("etcd-steward: recover refused: {why}");
+                    ExitCode::from(EXIT_REFUSED)
+                }
+                Ok(Ended::TimedOut(why)) => {
+                    eprintln!("etcd-steward: {why}");
+                    ExitCode::from(EXIT_RUNTIME)
+                }
                 Err(e) => fail(&e),
             }
         }

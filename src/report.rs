@@ -59,6 +59,7 @@ mod tests {
                 token: None,
                 snapshot: None,
             }),
+            ..Default::default()
         }
     }
 

@@ -50,7 +50,7 @@ fn empty_dir() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }
+    }..Default::default()
 }
 
 fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
@@ -62,7 +62,7 @@ fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }
+    }..Default::default()
 }
 
 fn unreadable_wal() -> DataDirState {
@@ -73,7 +73,7 @@ fn unreadable_wal() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }
+    }..Default::default()
 }
 
 fn marker(nonce: &str) -> Formation {
@@ -99,7 +99,7 @@ fn empty_report(o: u32) -> PeerReport {
         wal: None,
         wal_error: None,
         formation: None,
-    }
+    }..Default::default()
 }
 
 /// A peer whose DNS name resolves and whose sidecar answered `report`.
@@ -1415,6 +1415,7 @@ mod invariants {
             formation,
             notes: vec![],
             rejected_snapshots: vec![],
+            ..Default::default()
         })
     }
 
@@ -1439,6 +1440,7 @@ mod invariants {
                 wal: wal.filter(|_| has_data),
                 wal_error: None,
                 formation,
+                ..Default::default()
             })
     }
 

@@ -76,6 +76,7 @@ impl World {
                     }),
                     wal_error: None,
                     formation: None,
+                    ..Default::default()
                 },
             );
         }
@@ -296,6 +297,7 @@ async fn silent_peers_mean_waiting_not_a_new_cluster() -> TestResult {
             wal: None,
             wal_error: None,
             formation: None,
+            ..Default::default()
         },
     );
     let waited = tokio::time::timeout(Duration::from_secs(120), w.run()).await;

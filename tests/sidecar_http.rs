@@ -813,6 +813,7 @@ async fn peer_report_of_an_empty_volume_says_no_data() -> TestResult {
             wal: None,
             wal_error: None,
             formation: None,
+            ..Default::default()
         }
     );
     Ok(())

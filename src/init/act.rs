@@ -102,6 +102,22 @@ pub async fn act<C: Connector>(
             record(dir, d, now)?;
             Ok(Next::Exec(StartMode::Restart))
         }
+        Action::Recover { id, commit, first } => {
+            if *first {
+                // The marker first: a start killed from here on is recognised and, while
+                // the commit index has not moved, forced again (never twice once it moved).
+                marker::write_recovery(
+                    dir,
+                    &crate::facts::RecoveryMarker {
+                        id: id.clone(),
+                        commit: *commit,
+                    },
+                )?;
+                record(dir, d, now)?;
+            }
+            tracing::warn!(recovery = %id, commit_index = commit, "recovery: starting etcd with --force-new-cluster on this volume's data; the other pods join it as new learners");
+            Ok(Next::Exec(StartMode::ForceNewCluster))
+        }
         Action::Bootstrap(step @ Bootstrap::Prepare { marker: m }) => {
             if let Some(name) = &m.snapshot {
                 // Download and check the snapshot before offering it to the formation: a

@@ -99,6 +99,15 @@ pub enum Action {
     SetAside { why: SetAsideWhy },
     /// Not enough evidence: wait and look again.
     Wait,
+    /// Start etcd on this volume's data as a one-member cluster (`--force-new-cluster`):
+    /// the recovery `id` an operator asked for, from this, the freshest surviving volume.
+    /// `commit` is the WAL's commit index now, recorded in the volume's marker first (when
+    /// `first`); a later start that finds it unchanged starts forced again.
+    Recover {
+        id: String,
+        commit: u64,
+        first: bool,
+    },
 }
 
 impl Action {
@@ -111,6 +120,7 @@ impl Action {
             Action::Replace { .. } => ActionKind::Replace,
             Action::SetAside { .. } => ActionKind::SetAside,
             Action::Wait => ActionKind::Wait,
+            Action::Recover { .. } => ActionKind::Recover,
         }
     }
 
@@ -223,6 +233,23 @@ pub enum Why {
         token: String,
         snapshot: Option<String>,
     },
+    // A recovery from the freshest surviving volume.
+    RecoveryRequested {
+        id: String,
+        plan: String,
+    },
+    RecoveryNotApplied {
+        id: String,
+        commit: u64,
+    },
+    RecoveryChoseOther {
+        id: String,
+        survivor: String,
+    },
+    RecoveryRefused {
+        id: String,
+        refusal: String,
+    },
     // This pod's own name does not resolve: whatever was decided waits.
     OwnNameNotPublished {
         host: String,
@@ -275,7 +302,7 @@ impl std::fmt::Display for Why {
             Why::BeyondInitialSize { ordinal, replicas, not_reached } => write!(f, "ordinal {ordinal} is beyond the initial cluster size {replicas}: this pod only joins a running cluster, and none answered{not_reached}"),
             Why::AgreedEarlier { token } => write!(f, "this pod already agreed to form cluster token {token} and never started etcd: start as that member"),
             Why::PeerStartedOurFormation { peer, token } => write!(f, "{peer} already started the formation this pod prepared for (token {token}): start as its member"),
-            Why::PeersHoldData { holders } => write!(f, "peers hold data of a cluster this pod did not form with: {}; this volume is empty, so it waits for that cluster to regain quorum and then joins it. If a majority of the volumes is lost for good, an operator must restore that cluster from a surviving member or a snapshot", holders.join(", ")),
+            Why::PeersHoldData { holders } => write!(f, "peers hold data of a cluster this pod did not form with: {}; this volume is empty, so it waits for that cluster to regain quorum and then joins it. If a majority of the volumes is lost for good, `etcd-steward recover` shows how the cluster is recovered from the freshest surviving volume", holders.join(", ")),
             Why::NoProofYet { blockers, not_reached } => write!(f, "no proof yet that no cluster exists: {}{not_reached}", blockers.join("; ")),
             Why::ReadyToPrepare { snapshot } => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster{}", from_backup(snapshot)),
             Why::BackupStoreUnreachable { error } => write!(f, "every volume is empty and no cluster answered, but the backup store cannot be listed ({error}): no proof that there is no backup to restore, so no empty cluster is formed; waiting for the store"),
@@ -285,6 +312,10 @@ impl std::fmt::Display for Why {
             Why::OtherInitialCluster { peer, theirs, ours } => write!(f, "{peer} prepares a different initial cluster ({theirs}) than this pod ({ours}): every pod needs the same --replicas, --service and ports"),
             Why::WaitingForPrepare { pods } => write!(f, "forming a new cluster: waiting for {} to prepare", pods.join(", ")),
             Why::FormNew { token, snapshot } => write!(f, "every initial pod is empty and prepared, and no cluster exists: form a new cluster with token {token}{}", from_backup(snapshot)),
+            Why::RecoveryRequested { id, plan } => write!(f, "recovery {id} was requested and this pod's own observations agree: {plan}; etcd starts once with --force-new-cluster, as a one-member cluster on this volume's data"),
+            Why::RecoveryNotApplied { id, commit } => write!(f, "recovery {id}: this volume's commit index is still {commit}, so the forced start did not happen yet (etcd was stopped before it committed): etcd starts with --force-new-cluster again; no other member can have joined meanwhile"),
+            Why::RecoveryChoseOther { id, survivor } => write!(f, "recovery {id} names this pod as the survivor, but by this pod's own observations {survivor} holds the freshest volume: not acting; run etcd-steward recover again"),
+            Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
         }
@@ -371,6 +402,9 @@ fn gate_on_own_dns(f: &Facts, d: Decision) -> Decision {
 
 fn decide_with_data(f: &Facts) -> Decision {
     let ClusterFacts::Healthy(view) = &f.cluster else {
+        if let Some(d) = recovery(f) {
+            return d;
+        }
         if let Some(d) = outnumbered_by_another_cluster(f) {
             return d;
         }
@@ -413,6 +447,57 @@ fn decide_with_data(f: &Facts) -> Decision {
             Why::UnreadableWalNotListed,
         ),
     }
+}
+
+/// With data and no cluster answering: a recovery this volume is the survivor of. Either
+/// its marker says the forced start has not happened yet (the commit index has not moved),
+/// or an operator's request names this pod and its own plan agrees. Without a readable
+/// WAL tail nothing is forced: no evidence, no action.
+fn recovery(f: &Facts) -> Option<Decision> {
+    let tail = f.data.tail?;
+    if let Some(m) = &f.data.recovery {
+        if !m.applied(Some(&tail)) {
+            return Some(decision(
+                Action::Recover {
+                    id: m.id.clone(),
+                    commit: m.commit,
+                    first: false,
+                },
+                Why::RecoveryNotApplied {
+                    id: m.id.clone(),
+                    commit: m.commit,
+                },
+            ));
+        }
+    }
+    let request = f
+        .recovery_request
+        .as_ref()
+        .filter(|r| r.survivor == f.name)?;
+    if f.data.recovery.as_ref().is_some_and(|m| m.id == request.id) {
+        return None;
+    }
+    let id = request.id.clone();
+    Some(
+        match crate::recover::plan::plan(f, &request.force_lost, Some(&id)) {
+            Ok(p) if p.survivor == f.name => decision(
+                Action::Recover {
+                    id: id.clone(),
+                    commit: tail.commit,
+                    first: true,
+                },
+                Why::RecoveryRequested { id, plan: p.why },
+            ),
+            Ok(p) => wait(Why::RecoveryChoseOther {
+                id,
+                survivor: p.survivor,
+            }),
+            Err(refusal) => wait(Why::RecoveryRefused {
+                id,
+                refusal: refusal.to_string(),
+            }),
+        },
+    )
 }
 
 fn not_reached(f: &Facts) -> NotReached {

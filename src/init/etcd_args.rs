@@ -10,6 +10,8 @@ use crate::identity::Identity;
 pub enum StartMode {
     /// The data directory holds this member's WAL: etcd ignores `--initial-cluster*`.
     Restart,
+    /// As `Restart`, forced to a one-member cluster (`--force-new-cluster`): a recovery.
+    ForceNewCluster,
     /// A new cluster formed by all initial members with a fresh token.
     New {
         initial_cluster: String,
@@ -82,6 +84,7 @@ pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String
     }
     match mode {
         StartMode::Restart => {}
+        StartMode::ForceNewCluster => argv.push("--force-new-cluster".into()),
         StartMode::New {
             initial_cluster,
             token,

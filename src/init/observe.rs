@@ -14,7 +14,7 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
-    RestoreWanted, SnapshotFacts,
+    RecoveryRequest, RestoreWanted, SnapshotFacts,
 };
 use crate::http_get;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
@@ -159,7 +159,29 @@ where
             all.sort_by_key(|p| p.ordinal);
             all
         };
-        let (cluster, peer_facts) = tokio::join!(cluster, reports);
+        // With data, this pod's own sidecar may hold a recovery request naming it.
+        let own_report = async {
+            match (data.has_data(), own_dns.first()) {
+                (true, Some(ip)) => self
+                    .reports
+                    .report(&id.name(), &id.host(id.ordinal), ip, report_timeout)
+                    .await
+                    .ok(),
+                _ => None,
+            }
+        };
+        let (cluster, peer_facts, own_report) = tokio::join!(cluster, reports, own_report);
+        let recovery_request = recovery_request(&id.name(), &peer_facts, own_report.as_ref());
+        let mut data = data;
+        let names_me = recovery_request
+            .as_ref()
+            .is_some_and(|r| r.survivor == id.name());
+        if data.has_data() && (data.recovery.is_some() || names_me) {
+            match volume::log_tail(&cfg.data_dir) {
+                Ok(tail) => data.tail = tail,
+                Err(e) => data.notes.push(format!("WAL tail unreadable: {e}")),
+            }
+        }
         let may_form = !data.has_data() && matches!(cluster, ClusterFacts::NotReached { .. });
         let backups = self.backups(may_form).await;
         Ok(Facts {
@@ -176,6 +198,7 @@ where
             backups,
             peers: peer_facts,
             fresh_nonce,
+            recovery_request,
         })
     }
 
@@ -254,6 +277,24 @@ where
     }
 }
 
+/// The recovery request the sidecars hold: one naming this pod first, else any.
+fn recovery_request(
+    me: &str,
+    peers: &[PeerFacts],
+    own: Option<&PeerReport>,
+) -> Option<RecoveryRequest> {
+    let held: Vec<&RecoveryRequest> = peers
+        .iter()
+        .filter_map(|p| p.report.as_ref()?.as_ref().ok())
+        .chain(own)
+        .filter_map(|r| r.recovery_request.as_ref())
+        .collect();
+    held.iter()
+        .find(|r| r.survivor == me)
+        .or(held.first())
+        .map(|r| (*r).clone())
+}
+
 fn describe(lookup: &Lookup) -> String {
     match lookup {
         Lookup::Found(ips) => format!("resolves to {ips:?}"),
@@ -262,7 +303,7 @@ fn describe(lookup: &Lookup) -> String {
     }
 }
 
-async fn view_from<C: Connector>(
+pub async fn view_from<C: Connector>(
     connector: &C,
     host: &str,
     ip: IpAddr,

@@ -11,6 +11,7 @@ pub mod health;
 pub mod http;
 pub mod observe;
 pub mod plan;
+pub mod recovery;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -67,6 +68,59 @@ pub struct Sidecar<D, C: Connector, P> {
     health: watch::Sender<Health>,
     health_metrics: HealthMetrics,
     init_metrics: InitMetrics,
+    /// The recovery request this pod holds, and what to do for it.
+    pub recovery: Option<RecoveryDuty>,
+}
+
+/// The sidecar's share of a recovery (see [`recovery`]).
+pub struct RecoveryDuty {
+    pub inbox: Arc<recovery::Inbox>,
+    pub stopper: recovery::Stopper,
+    pub me: String,
+    pub data_dir: std::path::PathBuf,
+    /// The last outcome logged, so that a state is logged once.
+    reported: Option<String>,
+}
+
+impl RecoveryDuty {
+    /// Stops etcd when this pod is the survivor of a held request that `init` has not
+    /// acted on; returns what `/ready` says meanwhile.
+    fn tick(&mut self) -> Option<String> {
+        let request = self.inbox.current()?;
+        let marker = crate::volume::marker::recovery(&self.data_dir)
+            .ok()
+            .flatten();
+        let Some(r) = recovery::must_stop_etcd(&self.me, Some(&request), marker.as_ref()) else {
+            return Some(match marker {
+                Some(m) if m.id == request.id => format!(
+                    "recovery {}: this pod's volume is the survivor; etcd was started as a one-member cluster on it",
+                    request.id
+                ),
+                _ => format!(
+                    "recovery {}: {} restarts as a one-member cluster from its volume; this pod then joins it as a new learner",
+                    request.id, request.survivor
+                ),
+            });
+        };
+        let text = match self.stopper.stop() {
+            recovery::Stop::Signalled(pid) => {
+                tracing::warn!(recovery = %r.id, pid, "recovery: this pod holds the freshest volume; etcd stopped (SIGTERM) so that init starts it again as a one-member cluster");
+                format!("recovery {}: etcd stopped; init restarts it as a one-member cluster", r.id)
+            }
+            recovery::Stop::CoolingDown => format!("recovery {}: waiting for etcd to restart", r.id),
+            recovery::Stop::NotVisible => format!(
+                "recovery {}: this pod holds the freshest volume, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init restarts it)",
+                r.id,
+                self.data_dir.display()
+            ),
+            recovery::Stop::Failed(e) => format!("recovery {}: cannot stop etcd: {e}", r.id),
+        };
+        if self.reported.as_deref() != Some(text.as_str()) {
+            tracing::info!(recovery = %r.id, state = %text, "recovery step");
+            self.reported = Some(text.clone());
+        }
+        Some(text)
+    }
 }
 
 impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
@@ -84,6 +138,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             health: watch::channel(Health::starting()).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
+            recovery: None,
         }
     }
 
@@ -107,7 +162,12 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             .as_mut()
             .map(BackupRounds::ended)
             .unwrap_or_default();
-        let health = assess(&seen.local);
+        let mut health = assess(&seen.local);
+        if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
+            if !health.ready.ok {
+                health.ready.reason = format!("{text}; {}", health.ready.reason);
+            }
+        }
         self.publish(&seen, &health);
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
@@ -168,12 +228,19 @@ where
     let mut registry = Registry::default();
     let probe = HttpPeerProbe { cfg: cfg.clone() };
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
-    let state = AppState {
-        health: sidecar.health(),
-        registry: Arc::new(registry),
-        name: Arc::from(cfg.identity.name()),
-        data_dir: Arc::new(cfg.data_dir.clone()),
-    };
+    let state = AppState::new(
+        sidecar.health(),
+        registry,
+        &cfg.identity.name(),
+        &cfg.data_dir,
+    );
+    sidecar.recovery = Some(RecoveryDuty {
+        inbox: state.recovery.clone(),
+        stopper: recovery::Stopper::new(&cfg.data_dir),
+        me: cfg.identity.name(),
+        data_dir: cfg.data_dir.clone(),
+        reported: None,
+    });
     let app = match &cfg.peer_tls {
         None => http::router(state.clone()).merge(http::report_router(state.clone())),
         Some(tls) => {

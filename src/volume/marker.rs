@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::facts::Formation;
+use crate::facts::{Formation, RecoveryMarker};
 
 use super::{steward_dir, write_atomically, VolumeError};
 
@@ -30,6 +30,28 @@ pub fn read(dir: &Path) -> Result<Option<Formation>, String> {
 pub fn write(dir: &Path, formation: &Formation) -> Result<(), VolumeError> {
     let bytes = serde_json::to_vec(formation).unwrap_or_default();
     write_atomically(&path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+fn recovery_path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("recovery.json")
+}
+
+/// The recovery marker (`member/steward/recovery.json`), if this volume was recovered from.
+pub fn recovery(dir: &Path) -> Result<Option<RecoveryMarker>, String> {
+    match std::fs::read(recovery_path(dir)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Records, durably and before etcd is forced to a one-member cluster, which recovery
+/// this is and how far the WAL's commit index went.
+pub fn write_recovery(dir: &Path, m: &RecoveryMarker) -> Result<(), VolumeError> {
+    let bytes = serde_json::to_vec(m).unwrap_or_default();
+    write_atomically(&recovery_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
 }
 
 fn rejected_path(dir: &Path) -> PathBuf {

@@ -74,11 +74,25 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         notes.push(format!("formation marker unreadable, ignored: {e}"));
         None
     });
+    let recovery = marker::recovery(dir).unwrap_or_else(|e| {
+        notes.push(format!("recovery marker unreadable, ignored: {e}"));
+        None
+    });
     Ok(DataDirState {
         wal,
+        tail: None,
+        recovery,
         formation,
         notes,
         rejected_snapshots: marker::rejected_snapshots(dir),
+    })
+}
+
+/// How far the volume's log goes (scans the last WAL file; `None` without a WAL).
+pub fn log_tail(dir: &Path) -> Result<Option<crate::facts::WalTail>, VolumeError> {
+    wal::tail(&member_dir(dir).join("wal")).map_err(|source| VolumeError::Unreadable {
+        path: dir.to_path_buf(),
+        source,
     })
 }
 

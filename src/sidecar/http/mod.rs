@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::health::Health;
+use super::recovery::{Inbox, TailCache};
 
 pub use routes::{report_router, router};
 
@@ -29,4 +30,31 @@ pub struct AppState {
     pub name: Arc<str>,
     /// The data volume (mounted read-only), for the peer report.
     pub data_dir: Arc<PathBuf>,
+    /// The recovery request an operator sent, held until it expires.
+    pub recovery: Arc<Inbox>,
+    /// How far the volume's log goes, read at most every few seconds.
+    pub tail: Arc<TailCache>,
+}
+
+impl AppState {
+    pub fn new(
+        health: watch::Receiver<Health>,
+        registry: Registry,
+        name: &str,
+        data_dir: &std::path::Path,
+    ) -> Self {
+        AppState {
+            health,
+            registry: Arc::new(registry),
+            name: Arc::from(name),
+            data_dir: Arc::new(data_dir.to_path_buf()),
+            recovery: Arc::new(Inbox::default()),
+            tail: Arc::new(TailCache::new(data_dir)),
+        }
+    }
+
+    /// The WAL's tail (cached briefly).
+    pub async fn log_tail(&self) -> Option<crate::facts::WalTail> {
+        self.tail.get().await
+    }
 }

@@ -1,6 +1,7 @@
 //! `/peer/report`: what this pod's volume holds (a WAL, its member and cluster ID, the
 //! formation marker), read afresh on every request; other pods take it as bootstrap evidence.
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,16 +18,44 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                 WalState::Present(Err(e)) => Some(e.clone()),
                 _ => None,
             };
+            let log = if state.has_data() {
+                s.log_tail().await
+            } else {
+                None
+            };
             let report = PeerReport {
                 name: s.name.to_string(),
                 has_data: state.has_data(),
                 wal: state.wal_identity(),
                 wal_error,
                 formation: state.formation,
+                log,
+                recovery: state.recovery,
+                recovery_request: s.recovery.current(),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `POST /peer/recovery`: an operator's `recover --yes` hands this pod the request. It is
+/// held (see `sidecar::recovery`), shown in the report, and checked by every pod against
+/// its own observations before anything is done.
+pub async fn accept_recovery(State(s): State<AppState>, body: Bytes) -> Response {
+    if body.len() > crate::report::MAX_REPORT_BYTES {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "request too large\n").into_response();
+    }
+    match serde_json::from_slice::<crate::facts::RecoveryRequest>(&body) {
+        Ok(request) => {
+            s.recovery.offer(request);
+            (StatusCode::ACCEPTED, "held\n").into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("not a recovery request: {e}\n"),
+        )
+            .into_response(),
     }
 }

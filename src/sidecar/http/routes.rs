@@ -4,11 +4,11 @@
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 
 use super::metrics::{self, Format};
-use super::report::peer_report;
+use super::report::{accept_recovery, peer_report};
 use super::AppState;
 use crate::sidecar::health::Check;
 
@@ -55,10 +55,12 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The peer-facing surface: the report other pods take as bootstrap evidence. Served on
+/// The peer-facing surface: the report other pods take as bootstrap evidence, and the
+/// recovery request `recover --yes` hands every pod. Served on
 /// the plain port without peer TLS, and only over mutual TLS with it.
 pub fn report_router(state: AppState) -> Router {
     Router::new()
         .route("/peer/report", get(peer_report))
+        .route("/peer/recovery", post(accept_recovery))
         .with_state(state)
 }

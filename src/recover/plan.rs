@@ -1,0 +1,401 @@
+//! Pure: which surviving volume a cluster that lost its majority is recovered from, what
+//! each pod does, or why nothing may be done. `etcd-steward recover` prints this plan;
+//! the survivor's `init` computes it again from its own observations and acts only when
+//! it comes to the same survivor.
+//!
+//! The evidence is each volume's WAL tail ([`WalTail`]): the commit index of its newest
+//! hard state first (it is what `--force-new-cluster` keeps: etcd discards the entries
+//! after it), then the last entry's term and index. Every pod that might hold fresher data
+//! must have answered with that evidence, unless the operator names it lost for good.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::facts::{ClusterFacts, Facts, Lookup, PeerReport, WalTail};
+
+/// What one pod is known to hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    Empty,
+    /// Data, and how far its log goes (`None`: the tail could not be read).
+    Data {
+        cluster_id: Option<u64>,
+        log: Option<WalTail>,
+    },
+    /// No answer: it could hold anything.
+    Unknown(String),
+}
+
+/// One pod, as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub ordinal: u32,
+    pub holding: Holding,
+}
+
+/// What a pod does in the recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    /// Its etcd starts once with `--force-new-cluster`, as a one-member cluster on its data.
+    ForceNewCluster,
+    /// Its data is set aside (renamed, not deleted) and it joins as a new learner.
+    SetAsideAndJoin,
+    /// Its volume is empty: it joins as a new learner.
+    Join,
+    /// Named lost for good (`--force-lost`): its member is dropped; if it comes back it
+    /// joins anew.
+    Lost,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodPlan {
+    pub pod: String,
+    pub holds: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<WalTail>,
+    pub step: Step,
+}
+
+/// The plan: recover from `survivor`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub id: String,
+    pub survivor: String,
+    pub why: String,
+    pub pods: Vec<PodPlan>,
+}
+
+/// Why no recovery may be done. `Display` is the one line the command prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Quorum {
+        via: String,
+        leader: u64,
+        voters: usize,
+    },
+    NoData,
+    Silent {
+        pods: Vec<String>,
+    },
+    NoEvidence {
+        pods: Vec<String>,
+    },
+    MixedClusters {
+        clusters: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Quorum { via, leader, voters } => write!(f, "the cluster has quorum ({via} answered a linearizable read; leader {leader:x}, {voters} members): nothing to recover"),
+            Refusal::NoData => write!(f, "no volume holds data: there is nothing to recover from (a new cluster forms, or is restored from a backup, by itself)"),
+            Refusal::Silent { pods } => write!(f, "{} did not answer and could hold fresher data: bring them back, or name each one lost for good with --force-lost", pods.join(", ")),
+            Refusal::NoEvidence { pods } => write!(f, "{} hold data but did not say how far their log goes (a sidecar older than this one, or an unreadable WAL): upgrade it, or name it with --force-lost", pods.join(", ")),
+            Refusal::MixedClusters { clusters } => write!(f, "the surviving volumes belong to different clusters ({}): choose by hand which to keep", clusters.join("; ")),
+        }
+    }
+}
+
+/// The pods of `f` as the plan sees them: this pod (its own volume) and every peer that
+/// belongs to the set (an initial ordinal, or a higher one whose name exists).
+pub fn pods_of(f: &Facts) -> Vec<Pod> {
+    let own = if f.data.has_data() {
+        Holding::Data {
+            cluster_id: f.data.wal_identity().map(|w| w.cluster_id),
+            log: f.data.tail,
+        }
+    } else {
+        Holding::Empty
+    };
+    let mut pods = vec![Pod {
+        name: f.name.clone(),
+        ordinal: f.ordinal,
+        holding: own,
+    }];
+    for p in &f.peers {
+        let holding = match (&p.dns, &p.report) {
+            (Lookup::NotFound, _) if p.ordinal >= f.replicas => continue,
+            (_, Some(Ok(r))) => holding_of(r),
+            (_, Some(Err(e))) => Holding::Unknown(format!("sidecar did not answer: {e}")),
+            (Lookup::NotFound, None) => Holding::Unknown("DNS name not published".into()),
+            (Lookup::Failed(e), None) => Holding::Unknown(format!("DNS lookup failed: {e}")),
+            (Lookup::Found(_), None) => Holding::Unknown("not asked".into()),
+        };
+        pods.push(Pod {
+            name: p.name.clone(),
+            ordinal: p.ordinal,
+            holding,
+        });
+    }
+    pods.sort_by_key(|p| p.ordinal);
+    pods
+}
+
+fn holding_of(r: &PeerReport) -> Holding {
+    if r.has_data {
+        Holding::Data {
+            cluster_id: r.wal.map(|w| w.cluster_id),
+            log: r.log,
+        }
+    } else {
+        Holding::Empty
+    }
+}
+
+/// Plans the recovery of `f`'s cluster. `force_lost` names pods the operator declared
+/// lost for good; `pending` is the ID of a recovery already under way on the survivor (its
+/// marker), kept so that running the command again continues it.
+pub fn plan(f: &Facts, force_lost: &[String], pending: Option<&str>) -> Result<Plan, Refusal> {
+    if let ClusterFacts::Healthy(view) = &f.cluster {
+        return Err(Refusal::Quorum {
+            via: view.source.host.clone(),
+            leader: view.leader,
+            voters: view.members.iter().filter(|m| !m.is_learner).count(),
+        });
+    }
+    plan_pods(&pods_of(f), force_lost, pending)
+}
+
+/// [`plan`] once it is known that no cluster has quorum.
+pub fn plan_pods(
+    pods: &[Pod],
+    force_lost: &[String],
+    pending: Option<&str>,
+) -> Result<Plan, Refusal> {
+    let lost: BTreeSet<&str> = force_lost.iter().map(String::as_str).collect();
+    let silent: Vec<String> = pods
+        .iter()
+        .filter(|p| matches!(p.holding, Holding::Unknown(_)) && !lost.contains(p.name.as_str()))
+        .map(|p| p.name.clone())
+        .collect();
+    if !silent.is_empty() {
+        return Err(Refusal::Silent { pods: silent });
+    }
+    let holders: Vec<(&Pod, Option<WalTail>, Option<u64>)> = pods
+        .iter()
+        .filter(|p| !lost.contains(p.name.as_str()))
+        .filter_map(|p| match &p.holding {
+            Holding::Data { cluster_id, log } => Some((p, *log, *cluster_id)),
+            _ => None,
+        })
+        .collect();
+    if holders.is_empty() {
+        return Err(Refusal::NoData);
+    }
+    let no_evidence: Vec<String> = holders
+        .iter()
+        .filter(|(_, log, _)| log.is_none())
+        .map(|(p, _, _)| p.name.clone())
+        .collect();
+    if !no_evidence.is_empty() {
+        return Err(Refusal::NoEvidence { pods: no_evidence });
+    }
+    let clusters: BTreeSet<Option<u64>> = holders.iter().map(|(_, _, c)| *c).collect();
+    if clusters.len() > 1 {
+        return Err(Refusal::MixedClusters {
+            clusters: holders
+                .iter()
+                .map(|(p, _, c)| match c {
+                    Some(c) => format!("{}: cluster {c:x}", p.name),
+                    None => format!("{}: cluster unreadable", p.name),
+                })
+                .collect(),
+        });
+    }
+    // The freshest log; on a tie, the lowest ordinal.
+    let (survivor, best) = holders
+        .iter()
+        .filter_map(|(p, log, _)| Some((*p, (*log)?)))
+        .max_by(|(a, la), (b, lb)| {
+            la.freshness()
+                .cmp(&lb.freshness())
+                .then(b.ordinal.cmp(&a.ordinal))
+        })
+        .ok_or(Refusal::NoData)?;
+    let mut why = format!(
+        "{} holds the freshest log: commit index {} (last entry {} of term {})",
+        survivor.name, best.commit, best.last_index, best.last_term
+    );
+    let others: Vec<String> = holders
+        .iter()
+        .filter(|(p, _, _)| p.name != survivor.name)
+        .filter_map(|(p, log, _)| {
+            let l = (*log)?;
+            Some(format!("{} commit index {}", p.name, l.commit))
+        })
+        .collect();
+    if !others.is_empty() {
+        why.push_str(&format!("; older: {}", others.join(", ")));
+    }
+    let pods = pods
+        .iter()
+        .map(|p| {
+            let (holds, log) = match &p.holding {
+                Holding::Empty => ("empty".to_string(), None),
+                Holding::Data { log, .. } => ("data".to_string(), *log),
+                Holding::Unknown(e) => (format!("unknown ({e})"), None),
+            };
+            let step = if p.name == survivor.name {
+                Step::ForceNewCluster
+            } else if lost.contains(p.name.as_str()) {
+                Step::Lost
+            } else if matches!(p.holding, Holding::Data { .. }) {
+                Step::SetAsideAndJoin
+            } else {
+                Step::Join
+            };
+            PodPlan {
+                pod: p.name.clone(),
+                holds,
+                log,
+                step,
+            }
+        })
+        .collect();
+    let id = pending
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{}-{}-{}", survivor.name, best.last_term, best.commit));
+    Ok(Plan {
+        id,
+        survivor: survivor.name.clone(),
+        why,
+        pods,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(commit: u64, last_term: u64, last_index: u64) -> Holding {
+        Holding::Data {
+            cluster_id: Some(7),
+            log: Some(WalTail {
+                last_index,
+                last_term,
+                commit,
+                term: last_term,
+            }),
+        }
+    }
+
+    fn pod(o: u32, holding: Holding) -> Pod {
+        Pod {
+            name: format!("etcd-{o}"),
+            ordinal: o,
+            holding,
+        }
+    }
+
+    #[test]
+    fn the_volume_with_the_highest_commit_index_is_the_survivor() -> Result<(), Refusal> {
+        let pods = [
+            pod(0, log(90, 3, 95)),
+            pod(1, Holding::Empty),
+            pod(2, log(120, 3, 120)),
+            pod(3, Holding::Empty),
+            pod(4, Holding::Empty),
+        ];
+        let p = plan_pods(&pods, &[], None)?;
+        assert_eq!(p.survivor, "etcd-2");
+        let steps: Vec<Step> = p.pods.iter().map(|p| p.step).collect();
+        assert_eq!(
+            steps,
+            [
+                Step::SetAsideAndJoin,
+                Step::Join,
+                Step::ForceNewCluster,
+                Step::Join,
+                Step::Join
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn equal_commits_are_decided_by_the_log_then_the_lowest_ordinal() -> Result<(), Refusal> {
+        let pods = [
+            pod(0, log(50, 2, 50)),
+            pod(1, log(50, 3, 51)),
+            pod(2, Holding::Empty),
+        ];
+        assert_eq!(plan_pods(&pods, &[], None)?.survivor, "etcd-1");
+        let pods = [
+            pod(0, log(50, 3, 51)),
+            pod(1, log(50, 3, 51)),
+            pod(2, Holding::Empty),
+        ];
+        assert_eq!(plan_pods(&pods, &[], None)?.survivor, "etcd-0");
+        Ok(())
+    }
+
+    #[test]
+    fn a_silent_pod_refuses_the_plan_until_it_is_named_lost() -> Result<(), Refusal> {
+        let pods = [
+            pod(0, log(10, 1, 10)),
+            pod(1, Holding::Empty),
+            pod(2, Holding::Unknown("no answer".into())),
+        ];
+        assert_eq!(
+            plan_pods(&pods, &[], None),
+            Err(Refusal::Silent {
+                pods: vec!["etcd-2".into()]
+            })
+        );
+        let p = plan_pods(&pods, &["etcd-2".into()], None)?;
+        assert_eq!(p.survivor, "etcd-0");
+        assert_eq!(p.pods[2].step, Step::Lost);
+        Ok(())
+    }
+
+    #[test]
+    fn no_data_anywhere_and_data_without_evidence_are_refused() {
+        let pods = [pod(0, Holding::Empty), pod(1, Holding::Empty)];
+        assert_eq!(plan_pods(&pods, &[], None), Err(Refusal::NoData));
+        let pods = [
+            pod(0, log(10, 1, 10)),
+            pod(
+                1,
+                Holding::Data {
+                    cluster_id: Some(7),
+                    log: None,
+                },
+            ),
+        ];
+        assert_eq!(
+            plan_pods(&pods, &[], None),
+            Err(Refusal::NoEvidence {
+                pods: vec!["etcd-1".into()]
+            })
+        );
+    }
+
+    #[test]
+    fn volumes_of_different_clusters_are_refused() {
+        let other = Holding::Data {
+            cluster_id: Some(8),
+            log: Some(WalTail::default()),
+        };
+        let pods = [
+            pod(0, log(10, 1, 10)),
+            pod(1, other),
+            pod(2, Holding::Empty),
+        ];
+        assert!(matches!(
+            plan_pods(&pods, &[], None),
+            Err(Refusal::MixedClusters { .. })
+        ));
+    }
+
+    #[test]
+    fn a_recovery_under_way_keeps_its_id() -> Result<(), Refusal> {
+        let pods = [pod(0, log(10, 1, 10)), pod(1, Holding::Empty)];
+        assert_eq!(plan_pods(&pods, &[], None)?.id, "etcd-0-1-10");
+        assert_eq!(plan_pods(&pods, &[], Some("r7"))?.id, "r7");
+        Ok(())
+    }
+}

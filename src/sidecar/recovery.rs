@@ -1,0 +1,275 @@
+//! The sidecar's part in a recovery from the freshest surviving volume
+//! (`etcd-steward recover --yes`):
+//! - it holds the operator's request (`POST /peer/recovery`) until the request expires, and
+//!   shows it in the peer report, where every pod's `init` reads it;
+//! - it serves how far its volume's log goes (the WAL's tail), the evidence the plan
+//!   compares;
+//! - in the survivor's pod, it stops etcd once, so that the container restarts and `init`
+//!   starts etcd again as a one-member cluster. etcd runs in the other container of the pod:
+//!   the sidecar sees its process when the pod shares its process namespace
+//!   (`shareProcessNamespace: true`, as the manifests set); otherwise it says so, and
+//!   deleting the survivor's pod does the same.
+//!
+//! [`must_stop_etcd`] is the pure decision; the rest is I/O.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
+
+/// How long a request is held: long enough for kubelet to restart a container, short
+/// enough never to act on a later, different outage.
+pub const REQUEST_TTL: Duration = Duration::from_secs(15 * 60);
+/// Between two attempts to stop etcd (a container restart takes a few seconds).
+const STOP_COOLDOWN: Duration = Duration::from_secs(20);
+/// How long a read of the WAL's tail is reused for reports.
+const TAIL_TTL: Duration = Duration::from_secs(2);
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The request this sidecar holds.
+#[derive(Default)]
+pub struct Inbox {
+    held: Mutex<Option<RecoveryRequest>>,
+}
+
+impl Inbox {
+    /// Takes a request (a newer one replaces the one held).
+    pub fn offer(&self, request: RecoveryRequest) {
+        if let Ok(mut held) = self.held.lock() {
+            if held.as_ref() != Some(&request) {
+                tracing::warn!(recovery = %request.id, survivor = %request.survivor, force_lost = ?request.force_lost, "recovery requested by an operator (recover --yes); held until it expires");
+            }
+            *held = Some(request);
+        }
+    }
+
+    /// The request held, unless it has expired.
+    pub fn current(&self) -> Option<RecoveryRequest> {
+        let now = unix_now();
+        self.held
+            .lock()
+            .ok()?
+            .clone()
+            .filter(|r| r.expires_unix > now)
+    }
+}
+
+/// The WAL's tail, read at most every [`TAIL_TTL`] (a report may be asked for often).
+pub struct TailCache {
+    dir: PathBuf,
+    cached: Mutex<Option<(Instant, Option<WalTail>)>>,
+}
+
+impl TailCache {
+    pub fn new(dir: &Path) -> Self {
+        TailCache {
+            dir: dir.to_path_buf(),
+            cached: Mutex::new(None),
+        }
+    }
+
+    pub async fn get(&self) -> Option<WalTail> {
+        if let Ok(cached) = self.cached.lock() {
+            if let Some((at, tail)) = *cached {
+                if at.elapsed() < TAIL_TTL {
+                    return tail;
+                }
+            }
+        }
+        let dir = self.dir.clone();
+        let tail = tokio::task::spawn_blocking(move || crate::volume::log_tail(&dir))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        if let Ok(mut cached) = self.cached.lock() {
+            *cached = Some((Instant::now(), tail));
+        }
+        tail
+    }
+}
+
+/// Pure: the recovery whose forced start this pod's etcd must be stopped for — this pod
+/// is the request's survivor and its volume has no marker of that recovery yet (once
+/// `init` wrote it, the restart has happened).
+pub fn must_stop_etcd<'a>(
+    me: &str,
+    request: Option<&'a RecoveryRequest>,
+    marker: Option<&RecoveryMarker>,
+) -> Option<&'a RecoveryRequest> {
+    let request = request?;
+    (request.survivor == me && marker.map(|m| m.id.as_str()) != Some(request.id.as_str()))
+        .then_some(request)
+}
+
+/// The etcd process serving `data_dir`, found in `/proc` by its command line (the binary
+/// `init` execs, with `--data-dir` naming this volume).
+pub fn find_etcd(data_dir: &Path) -> Option<i32> {
+    let want = data_dir.to_string_lossy().trim_end_matches('/').to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if is_etcd_for(&args, &want) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Whether `args` is etcd's command line for data directory `want` (and not
+/// etcd-steward's, which takes `--data-dir` too).
+pub fn is_etcd_for(args: &[String], want: &str) -> bool {
+    let Some(program) = args.first() else {
+        return false;
+    };
+    let base = program.rsplit('/').next().unwrap_or(program);
+    if !base.starts_with("etcd") || base.starts_with("etcd-steward") || base.starts_with("etcdctl")
+    {
+        return false;
+    }
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        let value = match a.strip_prefix("--data-dir") {
+            Some(rest) if rest.starts_with('=') => rest[1..].to_string(),
+            Some("") => it.next().cloned().unwrap_or_default(),
+            _ => continue,
+        };
+        if value.trim_end_matches('/') == want {
+            return true;
+        }
+    }
+    false
+}
+
+/// What stopping etcd came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM sent to this pid.
+    Signalled(i32),
+    /// Not attempted: the last attempt was too recent.
+    CoolingDown,
+    /// No etcd process for this volume is visible (not running, or not in this
+    /// process namespace).
+    NotVisible,
+    Failed(String),
+}
+
+/// Stops this pod's etcd for a recovery, at most once per [`STOP_COOLDOWN`].
+pub struct Stopper {
+    data_dir: PathBuf,
+    last: Option<Instant>,
+}
+
+impl Stopper {
+    pub fn new(data_dir: &Path) -> Self {
+        Stopper {
+            data_dir: data_dir.to_path_buf(),
+            last: None,
+        }
+    }
+
+    pub fn stop(&mut self) -> Stop {
+        if self.last.is_some_and(|t| t.elapsed() < STOP_COOLDOWN) {
+            return Stop::CoolingDown;
+        }
+        let Some(pid) = find_etcd(&self.data_dir) else {
+            return Stop::NotVisible;
+        };
+        self.last = Some(Instant::now());
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            return Stop::Failed(format!("{pid} is not a pid"));
+        };
+        match rustix::process::kill_process(p, rustix::process::Signal::TERM) {
+            Ok(()) => Stop::Signalled(pid),
+            Err(e) => Stop::Failed(format!("SIGTERM to etcd (pid {pid}): {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(survivor: &str) -> RecoveryRequest {
+        RecoveryRequest {
+            id: "r1".into(),
+            survivor: survivor.into(),
+            force_lost: vec![],
+            expires_unix: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn only_the_survivor_stops_its_etcd_and_only_before_init_marked_the_recovery() {
+        let r = request("etcd-1");
+        assert_eq!(must_stop_etcd("etcd-1", Some(&r), None), Some(&r));
+        assert_eq!(must_stop_etcd("etcd-0", Some(&r), None), None);
+        assert_eq!(must_stop_etcd("etcd-1", None, None), None);
+        let done = RecoveryMarker {
+            id: "r1".into(),
+            commit: 9,
+        };
+        assert_eq!(must_stop_etcd("etcd-1", Some(&r), Some(&done)), None);
+        let earlier = RecoveryMarker {
+            id: "r0".into(),
+            commit: 3,
+        };
+        assert_eq!(must_stop_etcd("etcd-1", Some(&r), Some(&earlier)), Some(&r));
+    }
+
+    #[test]
+    fn etcd_is_told_apart_from_etcd_steward_by_its_program() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(is_etcd_for(
+            &args(&[
+                "/usr/local/bin/etcd",
+                "--name=etcd-0",
+                "--data-dir=/var/lib/etcd/"
+            ]),
+            "/var/lib/etcd"
+        ));
+        assert!(is_etcd_for(
+            &args(&["etcd", "--data-dir", "/var/lib/etcd"]),
+            "/var/lib/etcd"
+        ));
+        assert!(!is_etcd_for(
+            &args(&["etcd", "--data-dir=/var/lib/other"]),
+            "/var/lib/etcd"
+        ));
+        assert!(!is_etcd_for(
+            &args(&["/bin/etcd-steward", "sidecar", "--data-dir=/var/lib/etcd"]),
+            "/var/lib/etcd"
+        ));
+    }
+
+    #[test]
+    fn an_expired_request_is_no_longer_held() {
+        let inbox = Inbox::default();
+        let mut r = request("etcd-0");
+        r.expires_unix = 1;
+        inbox.offer(r.clone());
+        assert_eq!(inbox.current(), None);
+        r.expires_unix = u64::MAX;
+        inbox.offer(r.clone());
+        assert_eq!(inbox.current(), Some(r));
+    }
+}
