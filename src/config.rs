@@ -673,7 +673,7 @@ mod tests {
         full.extend_from_slice(args);
         match parse(&full).command {
             Command::Sidecar(s) => s.common,
-            Command::Init(_) | Command::Install(_) | Command::Backup(_) => unreachable!(),
+            _ => unreachable!(),
         }
     }
 

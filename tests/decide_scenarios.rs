@@ -50,7 +50,8 @@ fn empty_dir() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }..Default::default()
+        ..Default::default()
+    }
 }
 
 fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
@@ -62,7 +63,8 @@ fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }..Default::default()
+        ..Default::default()
+    }
 }
 
 fn unreadable_wal() -> DataDirState {
@@ -73,7 +75,8 @@ fn unreadable_wal() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
-    }..Default::default()
+        ..Default::default()
+    }
 }
 
 fn marker(nonce: &str) -> Formation {
@@ -99,7 +102,8 @@ fn empty_report(o: u32) -> PeerReport {
         wal: None,
         wal_error: None,
         formation: None,
-    }..Default::default()
+        ..Default::default()
+    }
 }
 
 /// A peer whose DNS name resolves and whose sidecar answered `report`.
@@ -228,6 +232,7 @@ fn facts_for(ordinal: u32) -> Facts {
             .collect(),
         backups: BackupFacts::Off,
         fresh_nonce: "fresh".into(),
+        recovery_request: None,
     }
 }
 
@@ -1518,6 +1523,7 @@ mod invariants {
                 peers,
                 backups,
             fresh_nonce: fresh,
+            recovery_request: None,
             }
         }
     }

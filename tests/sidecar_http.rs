@@ -95,12 +95,7 @@ fn with_status(f: impl FnOnce(&mut MemberStatus)) -> LocalObservation {
 /// The state a handler reads when it needs no metrics.
 fn bare_state(data_dir: &Path) -> AppState {
     let (_tx, rx) = watch::channel(Health::starting());
-    AppState {
-        health: rx,
-        registry: Arc::new(Registry::default()),
-        name: Arc::from(POD),
-        data_dir: Arc::new(data_dir.to_path_buf()),
-    }
+    AppState::new(rx, Arc::new(Registry::default()), POD, data_dir)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -128,12 +123,7 @@ impl Sidecar {
         let health_metrics = HealthMetrics::register(&mut registry);
         let init_metrics = InitMetrics::register(&mut registry);
         let (tx, rx) = watch::channel(Health::starting());
-        let state = AppState {
-            health: rx,
-            registry: Arc::new(registry),
-            name: Arc::from(POD),
-            data_dir: Arc::new(dir.path().to_path_buf()),
-        };
+        let state = AppState::new(rx, Arc::new(registry), POD, dir.path());
         let s = Sidecar {
             tx,
             health_metrics,

@@ -500,12 +500,12 @@ async fn a_rescheduled_peer_is_reached_at_its_new_address() -> TestResult {
 
 /// GETs `/metrics` from the pod's router with this `Accept` header.
 async fn scrape(pod: &Pod, accept: &str) -> Result<(String, String), Box<dyn std::error::Error>> {
-    let state = AppState {
-        health: pod.sidecar.health(),
-        registry: pod.registry.clone(),
-        name: Arc::from(pod.cfg.identity.name()),
-        data_dir: Arc::new(pod.cfg.data_dir.clone()),
-    };
+    let state = AppState::new(
+        pod.sidecar.health(),
+        pod.registry.clone(),
+        &pod.cfg.identity.name(),
+        &pod.cfg.data_dir,
+    );
     let req = Request::get("/metrics")
         .header(header::ACCEPT, accept)
         .body(Body::empty())?;

@@ -572,6 +572,31 @@ impl Set {
         Ok(())
     }
 
+    /// What kubelet does for a container whose process exited: starts it again. For every
+    /// pod whose etcd container (init → etcd) was started and has exited since, starts
+    /// init again; returns those pods. Tests that need restarts (a recovery stops etcd so
+    /// that it starts again forced) call this in their wait loops.
+    pub fn restart_exited(&mut self) -> Result<Vec<u32>> {
+        let mut restarted = Vec::new();
+        if !matches!(self.kind, Kind::Agent) {
+            return Ok(restarted);
+        }
+        for o in 0..self.pods.len() as u32 {
+            let exited = match self.pod_mut(o).etcd.as_mut() {
+                Some(c) => !matches!(c.try_wait(), Ok(None)),
+                None => false,
+            };
+            if exited {
+                let url = self.client_url(o);
+                self.clients.forget(&url);
+                self.pod_mut(o).etcd = None;
+                self.start_init(o)?;
+                restarted.push(o);
+            }
+        }
+        Ok(restarted)
+    }
+
     /// Whether the etcd container's process (init or etcd) is still running.
     pub fn init_running(&mut self, o: u32) -> bool {
         match self.pod_mut(o).etcd.as_mut() {

@@ -35,6 +35,7 @@ pub enum Ended {
 
 const POLL: Duration = Duration::from_secs(1);
 const POST_TIMEOUT: Duration = Duration::from_secs(3);
+const REPOST: Duration = Duration::from_secs(5);
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -117,7 +118,7 @@ where
     }
     println!("{out}");
     request(&obs, &f, &plan, &args.force_lost).await?;
-    follow(&obs, &f, &plan, args.timeout).await
+    follow(&obs, &f, &plan, &args.force_lost, args.timeout).await
 }
 
 /// Hands the request to every pod whose name resolves; the survivor's sidecar must take it.
@@ -190,6 +191,7 @@ async fn follow<D, C, R>(
     obs: &Observer<D, C, R>,
     f: &Facts,
     plan: &Plan,
+    force_lost: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Ended>
 where
@@ -216,7 +218,13 @@ where
     };
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = String::new();
+    let mut handed = tokio::time::Instant::now();
     loop {
+        // A sidecar restarted meanwhile has forgotten the request: hand it again.
+        if handed.elapsed() >= REPOST {
+            let _ = request(obs, f, plan, force_lost).await;
+            handed = tokio::time::Instant::now();
+        }
         let state = match tokio::time::timeout(
             Duration::from_secs(3),
             view_from(&obs.connector, &host, ip, cfg.identity.client_port),

@@ -230,7 +230,7 @@ where
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
     let state = AppState::new(
         sidecar.health(),
-        registry,
+        Arc::new(registry),
         &cfg.identity.name(),
         &cfg.data_dir,
     );

@@ -249,6 +249,7 @@ impl HealthMetrics {
 #[derive(Debug)]
 pub struct InitMetrics {
     decisions: Family<ActionLabel, Counter>,
+    recoveries: Counter,
 }
 
 impl InitMetrics {
@@ -259,12 +260,27 @@ impl InitMetrics {
             "Decisions etcd-steward init acted on for this volume, by action",
             decisions.clone(),
         );
-        InitMetrics { decisions }
+        let recoveries = Counter::default();
+        registry.register(
+            "etcd_steward_recoveries",
+            "Recoveries from this volume as the freshest survivor (etcd started once with --force-new-cluster)",
+            recoveries.clone(),
+        );
+        InitMetrics {
+            decisions,
+            recoveries,
+        }
     }
 
     /// Brings the counters to the journal's counts. The journal only grows; should it
     /// shrink (a volume set aside and replaced), the counter starts over, as a restart would.
     pub fn set(&self, counts: &BTreeMap<ActionKind, u64>) {
+        // init journals a recovery once, when it first writes the volume's marker.
+        let recovered = counts.get(&ActionKind::Recover).copied().unwrap_or(0);
+        let had = self.recoveries.get();
+        if recovered > had {
+            self.recoveries.inc_by(recovered - had);
+        }
         for (action, n) in counts {
             let label = ActionLabel {
                 action: action.name().to_string(),

@@ -39,13 +39,13 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         health: watch::Receiver<Health>,
-        registry: Registry,
+        registry: Arc<Registry>,
         name: &str,
         data_dir: &std::path::Path,
     ) -> Self {
         AppState {
             health,
-            registry: Arc::new(registry),
+            registry,
             name: Arc::from(name),
             data_dir: Arc::new(data_dir.to_path_buf()),
             recovery: Arc::new(Inbox::default()),

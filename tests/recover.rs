@@ -1,0 +1,296 @@
+//! A majority of volumes lost: `etcd-steward recover` brings the cluster back from the
+//! freshest surviving volume. Real etcd (3.5.1 and 3.4.23), a real dnsmasq, real `init`,
+//! `sidecar` and `recover` processes on loopback pods; the harness restarts an etcd
+//! container whose process exits, as kubelet does.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Output;
+use std::time::Duration;
+
+use harness::loopback::Set;
+use harness::{wait_for, Etcd};
+
+/// The agent under test.
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+
+const FORM: Duration = Duration::from_secs(60);
+const RECOVER: Duration = Duration::from_secs(90);
+
+/// A formed three-pod set holding `n` keys under `k/`, the writes settled on every member.
+async fn formed_with_keys(etcd: Etcd, n: usize) -> Set {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.start_all(FORM).await.unwrap();
+    set.put_keys("k", n).await.unwrap();
+    // Followers learn the commit index with the next heartbeat and persist it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    set
+}
+
+/// Pods `lost` are gone with their volumes and come back empty (their init waits).
+async fn lose_volumes(set: &mut Set, lost: &[u32]) {
+    for &o in lost {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for &o in lost {
+        set.start(o).unwrap();
+    }
+}
+
+async fn recover(set: &Set, o: u32, extra: &[&str]) -> Output {
+    tokio::process::Command::new(STEWARD)
+        .arg("recover")
+        .args(set.common_args(o))
+        .args(extra)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// The plan `recover` printed (its first stdout line).
+fn plan_of(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    serde_json::from_str(first).unwrap_or_else(|e| {
+        panic!(
+            "not a JSON plan ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Runs `recover --yes` in pod `o` while restarting exited etcd containers, as kubelet
+/// would; returns its output.
+async fn recover_yes(set: &mut Set, o: u32, extra: &[&str]) -> Output {
+    let child = tokio::process::Command::new(STEWARD)
+        .arg("recover")
+        .arg("--yes")
+        .arg("--timeout=80s")
+        .args(set.common_args(o))
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = tokio::spawn(child.wait_with_output());
+    while !run.is_finished() {
+        set.restart_exited().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    run.await.unwrap().unwrap()
+}
+
+/// Waits until every pod is a ready voter, restarting exited etcd containers meanwhile.
+async fn all_ready_voters(set: &mut Set) {
+    let deadline = tokio::time::Instant::now() + RECOVER;
+    loop {
+        set.restart_exited().unwrap();
+        if set.all_linearizable(&[0, 1, 2], 3).await && set.all_ready(&[0, 1, 2]).await {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("not three ready voters after {RECOVER:?}\n{}", set.dump());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn two_of_three_volumes_lost_recover_yes_brings_back_three_voters_with_every_write(
+    etcd: Etcd,
+) {
+    let mut set = formed_with_keys(etcd, 200).await;
+    let cluster = set.cluster_id(1).await.unwrap();
+    let old_ids = [
+        set.member_id(0).await.unwrap(),
+        set.member_id(2).await.unwrap(),
+    ];
+    // Pod 1 survives: the plan must choose by evidence, not by ordinal.
+    lose_volumes(&mut set, &[0, 2]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!set.ready(1).await, "no quorum: the survivor is not ready");
+    let survivor_pid = set.etcd_pid(1);
+
+    // Without --yes: the plan, and nothing changes.
+    let out = recover(&set, 0, &[]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = plan_of(&out);
+    assert_eq!(plan["state"], "planned", "{plan}");
+    assert_eq!(plan["survivor"], "etcd-1", "{plan}");
+    let steps: Vec<&str> = plan["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["join", "force-new-cluster", "join"], "{plan}");
+    assert!(
+        plan["pods"][1]["log"]["commit"].as_u64().unwrap() > 200,
+        "{plan}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        set.etcd_pid(1),
+        survivor_pid,
+        "a plan alone changes nothing"
+    );
+    assert!(set.init_running(1));
+
+    // With --yes, run in another pod than the survivor's.
+    let out = recover_yes(&mut set, 2, &[]).await;
+    assert!(
+        out.status.success(),
+        "recover --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"recovered\""));
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            200,
+            "pod {o}"
+        );
+        assert_eq!(
+            set.cluster_id(o).await.unwrap(),
+            cluster,
+            "pod {o}: the same cluster"
+        );
+    }
+    for (o, old) in [(0, old_ids[0]), (2, old_ids[1])] {
+        assert_ne!(
+            set.member_id(o).await.unwrap(),
+            old,
+            "pod {o} joined with a new member ID"
+        );
+    }
+    assert_eq!(set.members(1).await.unwrap().len(), 3);
+    let logs = set.logs(1);
+    assert!(logs.contains("--force-new-cluster"), "{}", set.dump());
+    let (_, metrics) = set.http(1, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("etcd_steward_recoveries_total 1"),
+        "recoveries counted once:\n{metrics}"
+    );
+    // Writes go on, and running the command again finds the recovery done.
+    set.put_keys("after", 5).await.unwrap();
+    let again = recover(&set, 0, &["--yes"]).await;
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(plan_of(&again)["state"], "recovered");
+    set.shutdown().await;
+}
+
+async fn recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent(etcd: Etcd) {
+    let mut set = formed_with_keys(etcd, 20).await;
+    let out = recover(&set, 0, &["--yes"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("quorum") && err.lines().count() == 1, "{err}");
+
+    // Pod 2 lost its volume; pod 0's pod is gone altogether (silent): it could hold
+    // fresher data than pod 1.
+    lose_volumes(&mut set, &[2]).await;
+    set.kill(0).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = recover(&set, 1, &["--yes"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("etcd-0") && err.contains("--force-lost"),
+        "{err}"
+    );
+    assert!(set.init_running(1), "nothing was stopped");
+
+    // Named lost for good: the plan goes ahead, from pod 1.
+    let out = recover(&set, 1, &["--force-lost", "etcd-0"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = plan_of(&out);
+    assert_eq!(plan["survivor"], "etcd-1", "{plan}");
+    assert_eq!(plan["pods"][0]["step"], "lost", "{plan}");
+    set.shutdown().await;
+}
+
+async fn a_recover_command_killed_after_handing_over_the_request_still_completes(etcd: Etcd) {
+    let mut set = formed_with_keys(etcd, 50).await;
+    lose_volumes(&mut set, &[1, 2]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut child = tokio::process::Command::new(STEWARD)
+        .arg("recover")
+        .arg("--yes")
+        .args(set.common_args(1))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed as soon as the survivor's sidecar holds the request.
+    wait_for(FORM, "the survivor's sidecar holds the request", || async {
+        set.http(0, "/peer/report")
+            .await
+            .is_some_and(|(_, body)| body.contains("recovery_request"))
+    })
+    .await;
+    child.kill().await.unwrap();
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            50,
+            "pod {o}"
+        );
+    }
+    // The survivor's etcd, killed now, restarts normally: the forced start is not repeated.
+    set.kill_etcd(0).await;
+    set.start_init(0).unwrap();
+    all_ready_voters(&mut set).await;
+    assert_eq!(
+        set.members(0).await.unwrap().len(),
+        3,
+        "no member was dropped again"
+    );
+    let forced = set
+        .logs(0)
+        .matches("recovery: starting etcd with --force-new-cluster")
+        .count();
+    assert_eq!(forced, 1, "forced exactly once:\n{}", set.dump());
+    set.shutdown().await;
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod etcd_3_5 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_5).await;
+                }
+            )*
+        }
+        mod etcd_3_4 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_4).await;
+                }
+            )*
+        }
+    };
+}
+
+scenarios!(
+    two_of_three_volumes_lost_recover_yes_brings_back_three_voters_with_every_write,
+    recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent,
+    a_recover_command_killed_after_handing_over_the_request_still_completes,
+);
