@@ -268,6 +268,49 @@ async fn a_recover_command_killed_after_handing_over_the_request_still_completes
     set.shutdown().await;
 }
 
+async fn the_wal_tail_matches_what_etcd_reported_before_it_stopped(etcd: Etcd) {
+    let mut set = formed_with_keys(etcd, 120).await;
+    for o in 0..3 {
+        let status = set.status(o).await.unwrap();
+        // Stopped as the sidecar stops it for a recovery: SIGTERM, so etcd closes its WAL
+        // (a SIGKILL can leave the newest commit index in etcd's write buffer: the WAL
+        // then says one heartbeat less, and --force-new-cluster keeps only that much).
+        let pid = set.etcd_pid(o).unwrap();
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        wait_for(FORM, "etcd stops on SIGTERM", || {
+            let running = set.init_running(o);
+            async move { !running }
+        })
+        .await;
+        let tail = etcd_steward::volume::log_tail(set.data_dir(o))
+            .unwrap()
+            .expect("a WAL");
+        assert!(
+            tail.commit >= status.raft_index(),
+            "pod {o}: commit {} < applied {}",
+            tail.commit,
+            status.raft_index()
+        );
+        assert!(tail.last_index >= tail.commit, "pod {o}: {tail:?}");
+        // A stopping leader hands leadership over first: the term may have moved on.
+        assert!(tail.last_term >= status.raft_term(), "pod {o}: {tail:?}");
+        assert!(tail.term >= tail.last_term, "pod {o}: {tail:?}");
+        // The sidecar reports the same evidence.
+        let (_, body) = set.http(o, "/peer/report").await.unwrap();
+        let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            report["log"]["commit"].as_u64(),
+            Some(tail.commit),
+            "{body}"
+        );
+    }
+    set.shutdown().await;
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod etcd_3_5 {
@@ -290,6 +333,7 @@ macro_rules! scenarios {
 }
 
 scenarios!(
+    the_wal_tail_matches_what_etcd_reported_before_it_stopped,
     two_of_three_volumes_lost_recover_yes_brings_back_three_voters_with_every_write,
     recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent,
     a_recover_command_killed_after_handing_over_the_request_still_completes,
