@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup,
-    MemberInfo, PeerFacts, PeerReport, RestoreWanted, SnapshotFacts, WalIdentity, WalState,
+    MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreWanted,
+    SnapshotFacts, WalIdentity, WalState, WalTail,
 };
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
@@ -278,6 +279,156 @@ fn assert_starts(d: &Decision, formation: Formation) {
         "{}",
         d.reason()
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// A recovery from the freshest surviving volume (`recover --yes`).
+// ---------------------------------------------------------------------------------------
+
+fn tail(commit: u64) -> WalTail {
+    WalTail {
+        last_index: commit,
+        last_term: 4,
+        commit,
+        term: 4,
+    }
+}
+
+fn request_for(survivor: u32) -> RecoveryRequest {
+    RecoveryRequest {
+        id: "r1".into(),
+        survivor: pod(survivor),
+        force_lost: vec![],
+        expires_unix: u64::MAX,
+    }
+}
+
+/// Pod 0 holds data with `commit`; the other pods' volumes are empty; no cluster answers.
+fn survivor_facts(commit: u64) -> Facts {
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        ..facts_for(0)
+    };
+    f.data.tail = Some(tail(commit));
+    f
+}
+
+#[test]
+fn a_recovery_request_naming_this_pod_forces_a_one_member_cluster_when_its_own_plan_agrees() {
+    let f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(500)
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::Recover {
+            id: "r1".into(),
+            commit: 500,
+            first: true
+        },
+        "{}",
+        d.reason()
+    );
+    assert_reason(&d, &["--force-new-cluster", "commit index 500"]);
+}
+
+#[test]
+fn a_recovery_request_is_not_acted_on_when_a_peer_holds_a_fresher_volume() {
+    let fresher = PeerReport {
+        has_data: true,
+        wal: Some(WalIdentity {
+            member_id: 0xb2,
+            cluster_id: CLUSTER,
+        }),
+        log: Some(tail(900)),
+        ..empty_report(2)
+    };
+    let f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..with_peer(survivor_facts(500), answering(2, fresher))
+    };
+    assert_waits(&decide(&f), &["etcd-2 holds the freshest volume"]);
+}
+
+#[test]
+fn a_recovery_request_is_not_acted_on_while_a_peer_is_silent() {
+    let f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..with_peer(survivor_facts(500), unpublished_peer(2))
+    };
+    assert_waits(&decide(&f), &["refuse", "etcd-2", "--force-lost"]);
+    let mut lost = request_for(0);
+    lost.force_lost = vec![pod(2)];
+    let f = Facts {
+        recovery_request: Some(lost),
+        ..with_peer(survivor_facts(500), unpublished_peer(2))
+    };
+    assert!(matches!(decide(&f).action, Action::Recover { .. }));
+}
+
+#[test]
+fn a_recovery_request_naming_another_pod_changes_nothing_here() {
+    let f = Facts {
+        recovery_request: Some(request_for(1)),
+        ..survivor_facts(500)
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_recovery_request_is_ignored_while_a_cluster_answers() {
+    let mut f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(500)
+    };
+    f.cluster = healthy(vec![started_voter(0xa1, 0), started_voter(0xb2, 1)]);
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_forced_start_killed_before_it_committed_is_forced_again() {
+    let mut f = survivor_facts(500);
+    f.data.recovery = Some(RecoveryMarker {
+        id: "r1".into(),
+        commit: 500,
+    });
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::Recover {
+            id: "r1".into(),
+            commit: 500,
+            first: false
+        }
+    );
+}
+
+#[test]
+fn a_forced_start_that_committed_is_never_forced_again_even_with_the_request_still_held() {
+    let mut f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(503)
+    };
+    f.data.recovery = Some(RecoveryMarker {
+        id: "r1".into(),
+        commit: 500,
+    });
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn without_a_readable_wal_tail_nothing_is_forced() {
+    let mut f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(500)
+    };
+    f.data.tail = None;
+    f.data.recovery = Some(RecoveryMarker {
+        id: "r0".into(),
+        commit: 10,
+    });
+    assert_eq!(decide(&f).action, Action::Restart);
 }
 
 // ---------------------------------------------------------------------------------------
