@@ -106,6 +106,11 @@ pub struct CommonArgs {
     /// sidecar removes it (humantime: 10s, 5m).
     #[arg(long, env = "ETCD_STEWARD_LEARNER_STALL_TIMEOUT", default_value = "5m")]
     pub learner_stall_timeout: String,
+    /// Recover automatically from the freshest surviving volume (what `recover --yes`
+    /// does) once a majority of the initial pods has answered for this long that their
+    /// volumes are empty, every pod answered, and no cluster has quorum. Off by default.
+    #[arg(long, env = "ETCD_STEWARD_AUTO_RECOVER_AFTER")]
+    pub auto_recover_after: Option<String>,
     /// Client TLS: this certificate serves etcd's client port and authenticates
     /// etcd-steward to etcd (it needs the server and client usages).
     #[arg(long, env = "ETCD_STEWARD_CLIENT_CERT_FILE")]
@@ -200,6 +205,8 @@ pub struct Config {
     pub dns_server: Option<SocketAddr>,
     pub etcd_bin: PathBuf,
     pub learner_stall_timeout: Duration,
+    /// `--auto-recover-after`: off when `None`.
+    pub auto_recover_after: Option<Duration>,
     pub client_tls: Option<TlsMaterial>,
     pub peer_tls: Option<TlsMaterial>,
     pub peer_report_port: u16,
@@ -351,6 +358,21 @@ impl CommonArgs {
                 Duration::ZERO
             }
         };
+        let auto_recover_after = match self
+            .auto_recover_after
+            .as_deref()
+            .map(humantime::parse_duration)
+        {
+            None => None,
+            Some(Ok(d)) if d >= Duration::from_secs(1) => Some(d),
+            Some(_) => {
+                problems.push(format!(
+                    "--auto-recover-after must be a duration of at least 1s such as 10m, got {:?}",
+                    self.auto_recover_after.as_deref().unwrap_or_default()
+                ));
+                None
+            }
+        };
         if self.data_dir.as_os_str().is_empty() || self.data_dir.is_relative() {
             problems.push(format!(
                 "--data-dir must be an absolute path, got {:?}",
@@ -423,6 +445,7 @@ impl CommonArgs {
             dns_server,
             etcd_bin: self.etcd_bin.clone(),
             learner_stall_timeout,
+            auto_recover_after,
             client_tls,
             peer_tls,
             peer_report_port,

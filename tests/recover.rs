@@ -311,6 +311,65 @@ async fn the_wal_tail_matches_what_etcd_reported_before_it_stopped(etcd: Etcd) {
     set.shutdown().await;
 }
 
+async fn auto_recovery_recovers_a_wiped_majority_from_the_survivor(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--auto-recover-after=3s".into()];
+    set.start_all(FORM).await.unwrap();
+    set.put_keys("k", 80).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    lose_volumes(&mut set, &[0, 1]).await;
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            80,
+            "pod {o}"
+        );
+    }
+    assert!(
+        set.logs(2)
+            .contains("auto-recover: a majority of the initial pods"),
+        "{}",
+        set.dump()
+    );
+    set.shutdown().await;
+}
+
+async fn auto_recovery_never_fires_while_pods_are_only_down_or_unreachable(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--auto-recover-after=2s".into()];
+    set.start_all(FORM).await.unwrap();
+    set.put_keys("k", 10).await.unwrap();
+    // Pod 0's processes are dead but its name is published (nothing answers there); pod 2
+    // is gone altogether. Their volumes are intact: silence is no proof of loss.
+    set.kill_processes(0).await;
+    set.kill(2).await.unwrap();
+    let pid = set.etcd_pid(1);
+    for _ in 0..40 {
+        set.restart_exited().unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(set.etcd_pid(1), pid, "the survivor's etcd was not stopped");
+    assert!(set.init_running(1));
+    assert!(
+        !set.data_dir(1)
+            .join("member/steward/recovery.json")
+            .exists(),
+        "no recovery started"
+    );
+    // Back up: the cluster is the one it was, with its three members.
+    set.start(0).unwrap();
+    set.start(2).unwrap();
+    all_ready_voters(&mut set).await;
+    assert_eq!(set.count_keys_on(0, "k/").await.unwrap_or(-1), 10);
+    assert!(
+        !set.logs(1).contains("auto-recover: a majority"),
+        "{}",
+        set.dump()
+    );
+    set.shutdown().await;
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod etcd_3_5 {
@@ -333,6 +392,8 @@ macro_rules! scenarios {
 }
 
 scenarios!(
+    auto_recovery_recovers_a_wiped_majority_from_the_survivor,
+    auto_recovery_never_fires_while_pods_are_only_down_or_unreachable,
     the_wal_tail_matches_what_etcd_reported_before_it_stopped,
     two_of_three_volumes_lost_recover_yes_brings_back_three_voters_with_every_write,
     recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent,

@@ -267,6 +267,33 @@ pub fn plan_pods(
     })
 }
 
+/// Pure: whether automatic recovery (`--auto-recover-after`) may act on `f` now — the plan
+/// `recover --yes` would carry out with no pod named lost (so every pod answered and no
+/// cluster has quorum), with this pod as the survivor, and a majority of the initial pods
+/// answering that their volumes are empty: proof of loss. Silence, an unreachable pod or a
+/// partition give no plan; pods merely down give none either.
+pub fn automatic(f: &Facts) -> Result<Plan, String> {
+    let p = plan(f, &[], None).map_err(|r| r.to_string())?;
+    if p.survivor != f.name {
+        return Err(format!(
+            "{} holds the freshest volume, not this pod",
+            p.survivor
+        ));
+    }
+    let empty = pods_of(f)
+        .iter()
+        .filter(|p| p.ordinal < f.replicas && p.holding == Holding::Empty)
+        .count();
+    let majority = f.replicas as usize / 2 + 1;
+    if empty < majority {
+        return Err(format!(
+            "{empty} of the {} initial pods answered with an empty volume; only a majority ({majority}) proves the loss",
+            f.replicas
+        ));
+    }
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

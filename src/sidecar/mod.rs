@@ -227,6 +227,9 @@ where
         .map_err(|source| SidecarError::Bind { addr, source })?;
     let mut registry = Registry::default();
     let probe = HttpPeerProbe { cfg: cfg.clone() };
+    let auto = cfg
+        .auto_recover_after
+        .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
     let state = AppState::new(
         sidecar.health(),
@@ -234,6 +237,16 @@ where
         &cfg.identity.name(),
         &cfg.data_dir,
     );
+    if let Some((after, dns, connector)) = auto {
+        tokio::spawn(recovery::auto_recover(
+            cfg.clone(),
+            dns,
+            connector,
+            state.recovery.clone(),
+            after,
+            stop.clone(),
+        ));
+    }
     sidecar.recovery = Some(RecoveryDuty {
         inbox: state.recovery.clone(),
         stopper: recovery::Stopper::new(&cfg.data_dir),

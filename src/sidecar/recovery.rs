@@ -23,6 +23,8 @@ use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
 pub const REQUEST_TTL: Duration = Duration::from_secs(15 * 60);
 /// Between two attempts to stop etcd (a container restart takes a few seconds).
 const STOP_COOLDOWN: Duration = Duration::from_secs(20);
+/// How often `--auto-recover-after` looks.
+const AUTO_LOOK: Duration = Duration::from_secs(2);
 /// How long a read of the WAL's tail is reused for reports.
 const TAIL_TTL: Duration = Duration::from_secs(2);
 
@@ -201,6 +203,75 @@ impl Stopper {
         match rustix::process::kill_process(p, rustix::process::Signal::TERM) {
             Ok(()) => Stop::Signalled(pid),
             Err(e) => Stop::Failed(format!("SIGTERM to etcd (pid {pid}): {e}")),
+        }
+    }
+}
+
+/// `--auto-recover-after`: looks every [`AUTO_LOOK`] as `init` does (every pod's report,
+/// the cluster, this volume); when [`crate::recover::plan::automatic`] holds without a break
+/// for `after`, hands this sidecar the request `recover --yes` would have handed it. The
+/// rest is the same path as an operator's request.
+pub async fn auto_recover<D, C>(
+    cfg: crate::config::Config,
+    dns: D,
+    connector: C,
+    inbox: std::sync::Arc<Inbox>,
+    after: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    D: crate::dns::Dns + Clone + 'static,
+    C: crate::etcd::Connector + Clone + 'static,
+{
+    let obs = crate::init::observe::Observer {
+        reports: crate::init::observe::HttpReports::new(&cfg),
+        cfg,
+        dns,
+        connector,
+        store: None,
+    };
+    let me = obs.cfg.identity.name();
+    let mut since: Option<Instant> = None;
+    let mut said = String::new();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(AUTO_LOOK) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if inbox.current().is_some() {
+            continue;
+        }
+        let Ok(mut f) = obs.observe(String::new()).await else {
+            since = None;
+            continue;
+        };
+        if !f.data.has_data() {
+            since = None;
+            continue;
+        }
+        f.data.tail = crate::volume::log_tail(&obs.cfg.data_dir).ok().flatten();
+        match crate::recover::plan::automatic(&f) {
+            Ok(plan) => {
+                let first = *since.get_or_insert_with(Instant::now);
+                if first.elapsed() >= after {
+                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: a majority of the initial pods has answered with empty volumes for --auto-recover-after and this volume is the freshest: recovering from it");
+                    inbox.offer(RecoveryRequest {
+                        id: plan.id,
+                        survivor: me.clone(),
+                        force_lost: vec![],
+                        expires_unix: unix_now() + REQUEST_TTL.as_secs(),
+                    });
+                    since = None;
+                } else if said != plan.id {
+                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: the loss is proven; recovering if it stays so for --auto-recover-after");
+                    said = plan.id;
+                }
+            }
+            Err(why) => {
+                if since.is_some() {
+                    tracing::info!(why = %why, "auto-recover: the proof of loss no longer holds; waiting again");
+                }
+                since = None;
+            }
         }
     }
 }
