@@ -593,6 +593,8 @@ async fn metrics_expose_role_leader_readiness_promotions_decisions_and_lag() -> 
         ),
         (r#"etcd_steward_init_decisions_total{action="join"}"#, 1.0),
         ("etcd_steward_raft_index_lag", 5.0),
+        // No recovery was journaled on this volume.
+        ("etcd_steward_recoveries_total", 0.0),
     ];
     for (series, value) in expected {
         assert_eq!(
