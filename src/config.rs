@@ -36,6 +36,10 @@ pub enum Command {
     /// When a majority of volumes is lost: print the plan to recover the cluster from the
     /// freshest surviving volume (changing nothing), or carry it out with --yes.
     Recover(RecoverArgs),
+    /// Take the whole live cluster back to a snapshot from the backup store: every pod sets
+    /// its data aside (renamed, not deleted) and the cluster re-forms from the snapshot.
+    /// Prints the plan; --yes carries it out.
+    Restore(SnapshotRestoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -677,6 +681,22 @@ pub struct RecoverArgs {
     pub force_lost: Vec<String>,
     /// With --yes, how long to follow the recovery before giving up (it goes on in the pods).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `restore`'s options.
+#[derive(Debug, Args)]
+pub struct SnapshotRestoreArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The snapshot's name, as `etcd-steward backup --list` shows it.
+    #[arg(long)]
+    pub snapshot: String,
+    /// Carry the plan out and follow it until the restored cluster serves.
+    #[arg(long)]
+    pub yes: bool,
+    /// With --yes, how long to follow the restore before giving up (it goes on in the pods).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
 

@@ -88,6 +88,16 @@ pub struct RecoveryRequest {
     pub expires_unix: u64,
 }
 
+/// An operator's `restore --snapshot NAME --yes`: the whole cluster goes back to that
+/// snapshot, each pod setting its current data aside first (never deleting it). Held by
+/// every sidecar until it expires; each pod acts on it once (its volume records the ID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreRequest {
+    pub id: String,
+    pub snapshot: String,
+    pub expires_unix: u64,
+}
+
 /// The survivor's record, written in its volume before etcd is started with
 /// `--force-new-cluster`: the recovery's ID and the commit index the WAL held then. Once
 /// the WAL's commit index has moved past it, the forced start has happened and is never
@@ -113,6 +123,8 @@ pub struct DataDirState {
     pub tail: Option<WalTail>,
     /// The recovery marker, when this volume was (or is being) recovered from.
     pub recovery: Option<RecoveryMarker>,
+    /// The restore request this volume's data was set aside for (and re-formed from).
+    pub restored_for: Option<String>,
     /// Our formation marker, when a formation is (or was) under way for this volume.
     pub formation: Option<Formation>,
     /// Anomalies worth a line in the decision log (an unreadable marker, …).
@@ -137,6 +149,7 @@ impl DataDirState {
             wal: WalState::None,
             tail: None,
             recovery: None,
+            restored_for: None,
             formation: None,
             notes: vec![],
             rejected_snapshots: vec![],
@@ -238,6 +251,12 @@ pub struct PeerReport {
     /// A recovery an operator asked for, held by this pod's sidecar until it expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_request: Option<RecoveryRequest>,
+    /// A restore of the live cluster to a snapshot, held by this pod's sidecar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_request: Option<RestoreRequest>,
+    /// The restore request this volume was set aside and re-formed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_for: Option<String>,
 }
 
 /// A member to send a membership change to: its DNS name and the address it answered at.
@@ -278,6 +297,8 @@ pub struct Facts {
     /// A recovery an operator asked for, as a sidecar (a peer's or this pod's) holds it;
     /// one naming this pod first.
     pub recovery_request: Option<RecoveryRequest>,
+    /// A restore of the live cluster to a snapshot, as a sidecar holds it.
+    pub restore_request: Option<RestoreRequest>,
 }
 
 impl Facts {

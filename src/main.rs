@@ -158,6 +158,34 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Restore(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(async {
+                    let dns = HickoryDns::new(cfg.dns_server)?;
+                    let connector = EtcdClientConnector::new(&cfg);
+                    recover::to_snapshot::run(cfg, &args, dns, connector).await
+                })
+            });
+            match result {
+                Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
+                Ok(Ended::Refused(why)) => {
+                    eprintln!("etcd-steward: restore refused: {why}");
+                    ExitCode::from(EXIT_REFUSED)
+                }
+                Ok(Ended::TimedOut(why)) => {
+                    eprintln!("etcd-steward: {why}");
+                    ExitCode::from(EXIT_RUNTIME)
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Backup(args) if args.generate_key => {
             // A new key file on stdout; nothing else is read or written.
             print!("{}", backup::crypt::Key::generate_file());

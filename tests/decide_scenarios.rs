@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup,
-    MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreWanted,
-    SnapshotFacts, WalIdentity, WalState, WalTail,
+    MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
+    RestoreWanted, SnapshotFacts, WalIdentity, WalState, WalTail,
 };
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
@@ -234,6 +234,7 @@ fn facts_for(ordinal: u32) -> Facts {
         backups: BackupFacts::Off,
         fresh_nonce: "fresh".into(),
         recovery_request: None,
+        restore_request: None,
     }
 }
 
@@ -429,6 +430,47 @@ fn without_a_readable_wal_tail_nothing_is_forced() {
         commit: 10,
     });
     assert_eq!(decide(&f).action, Action::Restart);
+}
+
+fn restore_request() -> RestoreRequest {
+    RestoreRequest {
+        id: "restore-1".into(),
+        snapshot: "20261124T100000Z-r42".into(),
+        expires_unix: u64::MAX,
+    }
+}
+
+#[test]
+fn a_restore_request_sets_a_live_members_data_aside_once() {
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        restore_request: Some(restore_request()),
+        ..facts()
+    };
+    f.cluster = healthy(vec![started_voter(0xa1, 1), started_voter(0xb2, 0)]);
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::SetAside {
+            why: SetAsideWhy::RestoreRequested
+        }
+    );
+    assert_reason(&d, &["set aside", "20261124T100000Z-r42"]);
+    // Set aside and re-formed for this request: restarted normally, never set aside again.
+    f.data.restored_for = Some("restore-1".into());
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn during_a_restore_an_empty_volume_never_joins_the_cluster_being_replaced() {
+    let f = Facts {
+        restore_request: Some(restore_request()),
+        cluster: healthy_without_us(),
+        ..with_peer(facts(), holding(0, 0xb2, CLUSTER))
+    };
+    let d = decide(&f);
+    assert!(!matches!(d.action, Action::Join { .. }), "{d:?}");
+    assert_waits(&d, &["peers hold data"]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1675,6 +1717,7 @@ mod invariants {
                 backups,
             fresh_nonce: fresh,
             recovery_request: None,
+            restore_request: None,
             }
         }
     }

@@ -370,6 +370,135 @@ async fn auto_recovery_never_fires_while_pods_are_only_down_or_unreachable(etcd:
     set.shutdown().await;
 }
 
+/// etcd's offline tool for this release: etcdutl (3.5), etcdctl (3.4).
+fn tool(etcd: Etcd) -> std::path::PathBuf {
+    match etcd {
+        Etcd::V3_4 => "/usr/bin/etcdctl".into(),
+        _ => etcd.bin().with_file_name("etcdutl"),
+    }
+}
+
+async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(etcd: Etcd) {
+    let store = tempfile::tempdir().unwrap();
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec![
+        format!("--backup-url=file://{}", store.path().display()),
+        format!("--etcdutl-bin={}", tool(etcd).display()),
+        format!(
+            "--backup-scratch-dir={}",
+            set.root().join("scratch").display()
+        ),
+        "--backup-interval=1h".into(),
+        // Not restored when volumes are lost: only at the operator's request.
+        "--restore=never".into(),
+    ];
+    set.start_all(FORM).await.unwrap();
+    set.put_keys("k", 60).await.unwrap();
+    let out = tokio::process::Command::new(STEWARD)
+        .arg("backup")
+        .args(set.common_args(0))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snapshot = manifest["name"].as_str().unwrap().to_string();
+    // At 10:02 someone writes over everything.
+    set.put_keys("oops", 15).await.unwrap();
+    let old_cluster = set.cluster_id(0).await.unwrap();
+
+    let restore = |extra: Vec<String>| {
+        let mut cmd = tokio::process::Command::new(STEWARD);
+        cmd.arg("restore")
+            .arg(format!("--snapshot={snapshot}"))
+            .args(set.common_args(1))
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let out = restore(vec!["--snapshot-missing-check".into()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "an unknown option is a usage error"
+    );
+    let out = restore(vec![]).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(plan_of(&out)["state"], "planned");
+    assert_eq!(
+        set.count_keys_on(0, "oops/").await.unwrap(),
+        15,
+        "a plan changes nothing"
+    );
+
+    let child = restore(vec!["--yes".into(), "--timeout=80s".into()])
+        .spawn()
+        .unwrap();
+    let run = tokio::spawn(child.wait_with_output());
+    while !run.is_finished() {
+        set.restart_exited().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = run.await.unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "restore --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            60,
+            "pod {o}"
+        );
+        assert_eq!(
+            set.count_keys_on(o, "oops/").await.unwrap_or(-1),
+            0,
+            "pod {o}"
+        );
+        let aside: Vec<_> = std::fs::read_dir(set.data_dir(o).join("set-aside"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .collect();
+        assert_eq!(
+            aside.len(),
+            1,
+            "pod {o}: its earlier data set aside once, not deleted"
+        );
+        assert!(aside[0].path().join("member/wal").exists(), "pod {o}");
+    }
+    assert_ne!(
+        set.cluster_id(0).await.unwrap(),
+        old_cluster,
+        "a re-formed cluster"
+    );
+    // Once per request: a pod restarted while the request is still held is not set aside
+    // again.
+    set.kill_etcd(2).await;
+    set.start_init(2).unwrap();
+    all_ready_voters(&mut set).await;
+    let aside = std::fs::read_dir(set.data_dir(2).join("set-aside"))
+        .unwrap()
+        .count();
+    assert_eq!(aside, 1);
+    assert_eq!(set.count_keys_on(2, "k/").await.unwrap_or(-1), 60);
+    set.shutdown().await;
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod etcd_3_5 {
@@ -392,6 +521,7 @@ macro_rules! scenarios {
 }
 
 scenarios!(
+    restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside,
     auto_recovery_recovers_a_wiped_majority_from_the_survivor,
     auto_recovery_never_fires_while_pods_are_only_down_or_unreachable,
     the_wal_tail_matches_what_etcd_reported_before_it_stopped,

@@ -16,7 +16,7 @@ use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, Facts};
 use crate::volume::{self, journal, marker, VolumeError};
 
-use super::decide::{Action, Bootstrap, Decision};
+use super::decide::{Action, Bootstrap, Decision, SetAsideWhy};
 use super::etcd_args::StartMode;
 
 /// After writing the formation marker: long enough for peers started at the same moment
@@ -139,6 +139,9 @@ pub async fn act<C: Connector>(
                     Err(e) => return Err(e.into()),
                 }
             }
+            if let Some(r) = &facts.restore_request {
+                marker::write_restored_for(dir, &r.id)?;
+            }
             marker::write(dir, &step.marker())?;
             tracing::info!(nonce = %m.nonce, snapshot = ?m.snapshot, "formation marker written; waiting for every initial pod to prepare");
             Ok(Next::LookAgain(Pause::For(PREPARE_PAUSE)))
@@ -175,7 +178,12 @@ pub async fn act<C: Connector>(
             }))
         }
         Action::SetAside { why } => {
-            match volume::set_aside(dir, why.slug(), now)? {
+            let moved = volume::set_aside(dir, why.slug(), now)?;
+            if let (SetAsideWhy::RestoreRequested, Some(r)) = (why, &facts.restore_request) {
+                // Once per request: this volume is not set aside for it again.
+                marker::write_restored_for(dir, &r.id)?;
+            }
+            match moved {
                 Some(to) => {
                     tracing::warn!(moved_to = %to.display(), why = why.slug(), "data set aside (renamed, not deleted); this pod now joins as a new member")
                 }

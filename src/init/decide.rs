@@ -24,6 +24,8 @@ pub enum SetAsideWhy {
     RemovedMember,
     /// The WAL could not be read and the cluster has no member at this pod's URL.
     NotAMember,
+    /// An operator restores the whole cluster to a snapshot (`restore --snapshot --yes`).
+    RestoreRequested,
 }
 
 impl SetAsideWhy {
@@ -33,6 +35,7 @@ impl SetAsideWhy {
             SetAsideWhy::ForeignCluster => "foreign-cluster",
             SetAsideWhy::RemovedMember => "removed-member",
             SetAsideWhy::NotAMember => "not-a-member",
+            SetAsideWhy::RestoreRequested => "restore-requested",
         }
     }
 }
@@ -250,6 +253,10 @@ pub enum Why {
         id: String,
         refusal: String,
     },
+    RestoreRequested {
+        id: String,
+        snapshot: String,
+    },
     // This pod's own name does not resolve: whatever was decided waits.
     OwnNameNotPublished {
         host: String,
@@ -316,6 +323,7 @@ impl std::fmt::Display for Why {
             Why::RecoveryNotApplied { id, commit } => write!(f, "recovery {id}: this volume's commit index is still {commit}, so the forced start did not happen yet (etcd was stopped before it committed): etcd starts with --force-new-cluster again; no other member can have joined meanwhile"),
             Why::RecoveryChoseOther { id, survivor } => write!(f, "recovery {id} names this pod as the survivor, but by this pod's own observations {survivor} holds the freshest volume: not acting; run etcd-steward recover again"),
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
+            Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
         }
@@ -370,10 +378,25 @@ fn token_includes(token: &str, ordinal: u32, nonce: &str) -> bool {
 
 /// Decides how this member must start.
 pub fn decide(f: &Facts) -> Decision {
-    let d = if f.data.has_data() {
-        decide_with_data(f)
-    } else {
-        decide_empty(f)
+    let restoring = f.restore_request.as_ref();
+    let d = match restoring {
+        // Restoring the live cluster to a snapshot: data not yet set aside for this
+        // request goes aside; an empty volume takes part in the new formation only (it
+        // never joins the cluster that is being replaced).
+        Some(r) if f.data.has_data() && f.data.restored_for.as_deref() != Some(r.id.as_str()) => {
+            decision(
+                Action::SetAside {
+                    why: SetAsideWhy::RestoreRequested,
+                },
+                Why::RestoreRequested {
+                    id: r.id.clone(),
+                    snapshot: r.snapshot.clone(),
+                },
+            )
+        }
+        Some(_) if !f.data.has_data() => decide_formation(f),
+        _ if f.data.has_data() => decide_with_data(f),
+        _ => decide_empty(f),
     };
     gate_on_own_dns(f, d)
 }

@@ -16,7 +16,6 @@ use serde_json::Value;
 
 use crate::backup::restore::RestoreError;
 use crate::backup::store::Store;
-use crate::backup::RestoreChoice;
 use crate::config::InitConfig;
 use crate::dns::Dns;
 use crate::etcd::Connector;
@@ -64,9 +63,10 @@ where
     if !init.dry_run {
         volume::prepare(&cfg.data_dir)?;
     }
-    // The store a new cluster may restore from; opening it makes no request.
+    // The store a new cluster may restore from (with --restore never, only at an
+    // operator's restore request); opening it makes no request.
     let store = match &cfg.backup {
-        Some(b) if b.restore != RestoreChoice::Never => Some(
+        Some(b) => Some(
             Store::open(&b.url)
                 .map_err(RestoreError::from)?
                 .with_keys(b.keys.clone()),

@@ -14,7 +14,7 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
-    RecoveryRequest, RestoreWanted, SnapshotFacts,
+    RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotFacts,
 };
 use crate::http_get;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
@@ -172,6 +172,11 @@ where
         };
         let (cluster, peer_facts, own_report) = tokio::join!(cluster, reports, own_report);
         let recovery_request = recovery_request(&id.name(), &peer_facts, own_report.as_ref());
+        let restore_request = peer_facts
+            .iter()
+            .filter_map(|p| p.report.as_ref()?.as_ref().ok())
+            .chain(own_report.as_ref())
+            .find_map(|r| r.restore_request.clone());
         let mut data = data;
         let names_me = recovery_request
             .as_ref()
@@ -183,7 +188,7 @@ where
             }
         }
         let may_form = !data.has_data() && matches!(cluster, ClusterFacts::NotReached { .. });
-        let backups = self.backups(may_form).await;
+        let backups = self.backups(may_form, restore_request.as_ref()).await;
         Ok(Facts {
             ordinal: id.ordinal,
             name: id.name(),
@@ -199,19 +204,22 @@ where
             peers: peer_facts,
             fresh_nonce,
             recovery_request,
+            restore_request,
         })
     }
 
     /// What the backup store offers: asked only when a new cluster may have to be formed
     /// (this volume empty, no cluster answering), as the list costs a request per snapshot.
-    async fn backups(&self, may_form: bool) -> BackupFacts {
+    async fn backups(&self, may_form: bool, restore: Option<&RestoreRequest>) -> BackupFacts {
         let (Some(store), Some(b)) = (&self.store, &self.cfg.backup) else {
             return BackupFacts::Off;
         };
-        let wanted = match &b.restore {
-            RestoreChoice::Never => return BackupFacts::Off,
-            RestoreChoice::Latest => RestoreWanted::Latest,
-            RestoreChoice::Named(name) => RestoreWanted::Named(name.clone()),
+        // An operator's restore request names the snapshot, whatever --restore says.
+        let wanted = match (restore, &b.restore) {
+            (Some(r), _) => RestoreWanted::Named(r.snapshot.clone()),
+            (None, RestoreChoice::Never) => return BackupFacts::Off,
+            (None, RestoreChoice::Latest) => RestoreWanted::Latest,
+            (None, RestoreChoice::Named(name)) => RestoreWanted::Named(name.clone()),
         };
         if !may_form {
             return BackupFacts::NotAsked;

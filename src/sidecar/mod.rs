@@ -74,7 +74,8 @@ pub struct Sidecar<D, C: Connector, P> {
 
 /// The sidecar's share of a recovery (see [`recovery`]).
 pub struct RecoveryDuty {
-    pub inbox: Arc<recovery::Inbox>,
+    pub inbox: Arc<recovery::Inbox<crate::facts::RecoveryRequest>>,
+    pub restore: Arc<recovery::Inbox<crate::facts::RestoreRequest>>,
     pub stopper: recovery::Stopper,
     pub me: String,
     pub data_dir: std::path::PathBuf,
@@ -86,6 +87,9 @@ impl RecoveryDuty {
     /// Stops etcd when this pod is the survivor of a held request that `init` has not
     /// acted on; returns what `/ready` says meanwhile.
     fn tick(&mut self) -> Option<String> {
+        if let Some(r) = self.restore.current() {
+            return Some(self.restore_tick(&r));
+        }
         let request = self.inbox.current()?;
         let marker = crate::volume::marker::recovery(&self.data_dir)
             .ok()
@@ -102,24 +106,45 @@ impl RecoveryDuty {
                 ),
             });
         };
+        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
+        Some(text)
+    }
+
+    /// A restore of the live cluster: every pod whose volume still holds data it was not
+    /// set aside for stops its etcd, so that `init` sets the data aside and re-forms.
+    fn restore_tick(&mut self, r: &crate::facts::RestoreRequest) -> String {
+        let state = crate::volume::inspect(&self.data_dir).ok();
+        let pending = state
+            .as_ref()
+            .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
+        if pending {
+            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
+        } else {
+            format!(
+                "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
+                r.id, r.snapshot
+            )
+        }
+    }
+
+    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
         let text = match self.stopper.stop() {
             recovery::Stop::Signalled(pid) => {
-                tracing::warn!(recovery = %r.id, pid, "recovery: this pod holds the freshest volume; etcd stopped (SIGTERM) so that init starts it again as a one-member cluster");
-                format!("recovery {}: etcd stopped; init restarts it as a one-member cluster", r.id)
+                tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
+                format!("{id}: {why}; etcd stopped, init starts it again")
             }
-            recovery::Stop::CoolingDown => format!("recovery {}: waiting for etcd to restart", r.id),
+            recovery::Stop::CoolingDown => format!("{id}: {why}; waiting for etcd to restart"),
             recovery::Stop::NotVisible => format!(
-                "recovery {}: this pod holds the freshest volume, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init restarts it)",
-                r.id,
+                "{id}: {why}, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
                 self.data_dir.display()
             ),
-            recovery::Stop::Failed(e) => format!("recovery {}: cannot stop etcd: {e}", r.id),
+            recovery::Stop::Failed(e) => format!("{id}: {why}; cannot stop etcd: {e}"),
         };
         if self.reported.as_deref() != Some(text.as_str()) {
-            tracing::info!(recovery = %r.id, state = %text, "recovery step");
+            tracing::info!(request = %id, state = %text, "recovery step");
             self.reported = Some(text.clone());
         }
-        Some(text)
+        text
     }
 }
 
@@ -249,6 +274,7 @@ where
     }
     sidecar.recovery = Some(RecoveryDuty {
         inbox: state.recovery.clone(),
+        restore: state.restore.clone(),
         stopper: recovery::Stopper::new(&cfg.data_dir),
         me: cfg.identity.name(),
         data_dir: cfg.data_dir.clone(),

@@ -35,31 +35,55 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The request this sidecar holds.
-#[derive(Default)]
-pub struct Inbox {
-    held: Mutex<Option<RecoveryRequest>>,
+/// A request an operator's command hands every sidecar, held until it expires.
+pub trait Expiring: Clone + PartialEq + std::fmt::Debug {
+    fn expires_unix(&self) -> u64;
 }
 
-impl Inbox {
+impl Expiring for RecoveryRequest {
+    fn expires_unix(&self) -> u64 {
+        self.expires_unix
+    }
+}
+
+impl Expiring for crate::facts::RestoreRequest {
+    fn expires_unix(&self) -> u64 {
+        self.expires_unix
+    }
+}
+
+/// The request this sidecar holds.
+pub struct Inbox<T> {
+    held: Mutex<Option<T>>,
+}
+
+impl<T> Default for Inbox<T> {
+    fn default() -> Self {
+        Inbox {
+            held: Mutex::new(None),
+        }
+    }
+}
+
+impl<T: Expiring> Inbox<T> {
     /// Takes a request (a newer one replaces the one held).
-    pub fn offer(&self, request: RecoveryRequest) {
+    pub fn offer(&self, request: T) {
         if let Ok(mut held) = self.held.lock() {
             if held.as_ref() != Some(&request) {
-                tracing::warn!(recovery = %request.id, survivor = %request.survivor, force_lost = ?request.force_lost, "recovery requested by an operator (recover --yes); held until it expires");
+                tracing::warn!(request = ?request, "request from an operator's command held until it expires");
             }
             *held = Some(request);
         }
     }
 
     /// The request held, unless it has expired.
-    pub fn current(&self) -> Option<RecoveryRequest> {
+    pub fn current(&self) -> Option<T> {
         let now = unix_now();
         self.held
             .lock()
             .ok()?
             .clone()
-            .filter(|r| r.expires_unix > now)
+            .filter(|r| r.expires_unix() > now)
     }
 }
 
@@ -215,7 +239,7 @@ pub async fn auto_recover<D, C>(
     cfg: crate::config::Config,
     dns: D,
     connector: C,
-    inbox: std::sync::Arc<Inbox>,
+    inbox: std::sync::Arc<Inbox<RecoveryRequest>>,
     after: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
@@ -334,7 +358,7 @@ mod tests {
 
     #[test]
     fn an_expired_request_is_no_longer_held() {
-        let inbox = Inbox::default();
+        let inbox = Inbox::<RecoveryRequest>::default();
         let mut r = request("etcd-0");
         r.expires_unix = 1;
         inbox.offer(r.clone());

@@ -54,6 +54,24 @@ pub fn write_recovery(dir: &Path, m: &RecoveryMarker) -> Result<(), VolumeError>
     write_atomically(&recovery_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
 }
 
+fn restored_path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("restored-for.json")
+}
+
+/// The restore request this volume was set aside for (`member/steward/restored-for.json`).
+pub fn restored_for(dir: &Path) -> Option<String> {
+    std::fs::read(restored_path(dir))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+}
+
+/// Records that this volume was set aside for restore request `id`: it is not set aside
+/// for it again.
+pub fn write_restored_for(dir: &Path, id: &str) -> Result<(), VolumeError> {
+    let bytes = serde_json::to_vec(id).unwrap_or_default();
+    write_atomically(&restored_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
 fn rejected_path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("rejected-snapshots.json")
 }

@@ -82,6 +82,7 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         wal,
         tail: None,
         recovery,
+        restored_for: marker::restored_for(dir),
         formation,
         notes,
         rejected_snapshots: marker::rejected_snapshots(dir),

@@ -31,7 +31,9 @@ pub struct AppState {
     /// The data volume (mounted read-only), for the peer report.
     pub data_dir: Arc<PathBuf>,
     /// The recovery request an operator sent, held until it expires.
-    pub recovery: Arc<Inbox>,
+    pub recovery: Arc<Inbox<crate::facts::RecoveryRequest>>,
+    /// The restore-to-a-snapshot request an operator sent, held until it expires.
+    pub restore: Arc<Inbox<crate::facts::RestoreRequest>>,
     /// How far the volume's log goes, read at most every few seconds.
     pub tail: Arc<TailCache>,
 }
@@ -49,6 +51,7 @@ impl AppState {
             name: Arc::from(name),
             data_dir: Arc::new(data_dir.to_path_buf()),
             recovery: Arc::new(Inbox::default()),
+            restore: Arc::new(Inbox::default()),
             tail: Arc::new(TailCache::new(data_dir)),
         }
     }

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use crate::facts::WalState;
 use crate::report::PeerReport;
+use crate::sidecar::recovery::{Expiring, Inbox};
 use crate::volume;
 
 pub async fn peer_report(State(s): State<AppState>) -> Response {
@@ -32,6 +33,8 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                 log,
                 recovery: state.recovery,
                 recovery_request: s.recovery.current(),
+                restore_request: s.restore.current(),
+                restored_for: state.restored_for,
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -44,17 +47,30 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
 /// held (see `sidecar::recovery`), shown in the report, and checked by every pod against
 /// its own observations before anything is done.
 pub async fn accept_recovery(State(s): State<AppState>, body: Bytes) -> Response {
+    accept(&s.recovery, &body)
+}
+
+/// `POST /peer/restore`: an operator's `restore --snapshot NAME --yes` hands this pod the
+/// request; held and shown in the report like a recovery request.
+pub async fn accept_restore(State(s): State<AppState>, body: Bytes) -> Response {
+    accept(&s.restore, &body)
+}
+
+fn accept<T>(inbox: &Inbox<T>, body: &[u8]) -> Response
+where
+    T: Expiring + serde::de::DeserializeOwned,
+{
     if body.len() > crate::report::MAX_REPORT_BYTES {
         return (StatusCode::PAYLOAD_TOO_LARGE, "request too large\n").into_response();
     }
-    match serde_json::from_slice::<crate::facts::RecoveryRequest>(&body) {
+    match serde_json::from_slice::<T>(body) {
         Ok(request) => {
-            s.recovery.offer(request);
+            inbox.offer(request);
             (StatusCode::ACCEPTED, "held\n").into_response()
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
-            format!("not a recovery request: {e}\n"),
+            format!("not a valid request: {e}\n"),
         )
             .into_response(),
     }

@@ -8,7 +8,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::metrics::{self, Format};
-use super::report::{accept_recovery, peer_report};
+use super::report::{accept_recovery, accept_restore, peer_report};
 use super::AppState;
 use crate::sidecar::health::Check;
 
@@ -62,5 +62,6 @@ pub fn report_router(state: AppState) -> Router {
     Router::new()
         .route("/peer/report", get(peer_report))
         .route("/peer/recovery", post(accept_recovery))
+        .route("/peer/restore", post(accept_restore))
         .with_state(state)
 }

@@ -1,0 +1,210 @@
+//! `etcd-steward restore --snapshot NAME [--yes]`: the "someone deleted everything at
+//! 10:02" case. Every pod sets its current data aside (renamed, never deleted) and the
+//! cluster re-forms from that snapshot through the backup restore path, once per request.
+//! Like `recover`, the command plans and hands the request to every pod's sidecar
+//! (`POST /peer/restore`); the pods do the work (each sidecar stops its etcd, each `init`
+//! sets the data aside, then they form anew from the snapshot), so the command may be
+//! killed and run again: a request held for the same snapshot is continued.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::backup::Backups;
+use crate::config::{Config, SnapshotRestoreArgs};
+use crate::dns::Dns;
+use crate::etcd::Connector;
+use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
+use crate::http_get;
+use crate::init::observe::{HttpReports, Observer, PeerReports};
+
+use super::command::Ended;
+
+const POLL: Duration = Duration::from_secs(1);
+const POST_TIMEOUT: Duration = Duration::from_secs(3);
+const REPOST: Duration = Duration::from_secs(5);
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Every pod of `f` with its report's `restored_for` (`None` for a silent pod).
+fn pods(f: &Facts) -> Vec<(String, Result<Option<String>, String>)> {
+    let mut out = vec![(f.name.clone(), Ok(f.data.restored_for.clone()))];
+    for p in &f.peers {
+        let answer = match (&p.dns, &p.report) {
+            (Lookup::NotFound, _) if p.ordinal >= f.replicas => continue,
+            (_, Some(Ok(r))) => Ok(r.restored_for.clone()),
+            (_, Some(Err(e))) => Err(format!("sidecar did not answer: {e}")),
+            (_, None) => Err("name does not resolve".into()),
+        };
+        out.push((p.name.clone(), answer));
+    }
+    out
+}
+
+pub async fn run<D, C>(
+    cfg: Config,
+    args: &SnapshotRestoreArgs,
+    dns: D,
+    connector: C,
+) -> anyhow::Result<Ended>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    let Some(backup_cfg) = cfg.backup.clone() else {
+        return Ok(Ended::Refused(
+            "restore needs --backup-url (or ETCD_STEWARD_BACKUP_URL)".into(),
+        ));
+    };
+    let backups = Backups::new(&backup_cfg, cfg.etcd_bin.clone())?;
+    let manifests = backups.list().await?;
+    let Some(m) = manifests.iter().find(|m| m.name == args.snapshot) else {
+        return Ok(Ended::Refused(format!(
+            "snapshot {} is not in {} (etcd-steward backup --list shows what is)",
+            args.snapshot, backup_cfg.url
+        )));
+    };
+    if !m.verified || m.drill.as_ref().is_some_and(|d| !d.passed) {
+        return Ok(Ended::Refused(format!(
+            "snapshot {} is not usable: it {}",
+            m.name,
+            if m.verified {
+                "failed its restore drill"
+            } else {
+                "failed its checksum when it was taken"
+            }
+        )));
+    }
+    let obs = Observer {
+        reports: HttpReports::new(&cfg),
+        cfg: cfg.clone(),
+        dns,
+        connector,
+        store: None,
+    };
+    let f = obs.observe(String::new()).await?;
+    let silent: Vec<String> = pods(&f)
+        .into_iter()
+        .filter_map(|(name, a)| a.err().map(|e| format!("{name} ({e})")))
+        .collect();
+    if !silent.is_empty() {
+        return Ok(Ended::Refused(format!(
+            "every pod must set its data aside, but {} did not answer",
+            silent.join(", ")
+        )));
+    }
+    let id = match &f.restore_request {
+        Some(r) if r.snapshot == m.name => r.id.clone(),
+        _ => format!("restore-{}-{}", m.name, unix_now()),
+    };
+    let original = match &f.cluster {
+        ClusterFacts::Healthy(v) => Some(v.cluster_id),
+        ClusterFacts::NotReached { .. } => None,
+    };
+    let plan = json!({
+        "id": id,
+        "snapshot": m.name,
+        "revision": m.revision,
+        "taken": m.time,
+        "cluster": original.map(|c| format!("{c:x}")),
+        "pods": pods(&f).into_iter().map(|(name, _)| json!({"pod": name, "step": "set-aside-and-restore"})).collect::<Vec<_>>(),
+        "state": if args.yes { "requested" } else { "planned" },
+        "writes_lost": format!("every write after {} (revision {})", m.time, m.revision),
+    });
+    println!("{plan}");
+    if !args.yes {
+        return Ok(Ended::Planned);
+    }
+    let request = RestoreRequest {
+        id: id.clone(),
+        snapshot: m.name.clone(),
+        expires_unix: unix_now() + crate::sidecar::recovery::REQUEST_TTL.as_secs(),
+    };
+    let took = hand_over(&obs, &f, &request).await?;
+    if took < f.replicas as usize {
+        anyhow::bail!("only {took} pods took the restore request; every initial pod must (run the command again)");
+    }
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut handed = tokio::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(POLL).await;
+        if handed.elapsed() >= REPOST {
+            let _ = hand_over(&obs, &f, &request).await;
+            handed = tokio::time::Instant::now();
+        }
+        let now = obs.observe(String::new()).await?;
+        let waiting: Vec<String> = pods(&now)
+            .into_iter()
+            .filter(|(_, a)| a.as_ref().ok().and_then(Option::as_deref) != Some(id.as_str()))
+            .map(|(name, _)| name)
+            .collect();
+        let state = match &now.cluster {
+            ClusterFacts::Healthy(v) if waiting.is_empty() && Some(v.cluster_id) != original => {
+                println!(
+                    "{}",
+                    json!({"state": "restored", "restore": id, "snapshot": m.name, "cluster": format!("{:x}", v.cluster_id), "members": v.members.len()})
+                );
+                return Ok(Ended::Recovered);
+            }
+            ClusterFacts::Healthy(_) if waiting.is_empty() => {
+                "the old cluster still answers".to_string()
+            }
+            _ if !waiting.is_empty() => {
+                format!("waiting for {} to set their data aside", waiting.join(", "))
+            }
+            _ => "waiting for the new cluster to serve".to_string(),
+        };
+        if state != last {
+            eprintln!("{}", json!({"restore": id, "waiting": state}));
+            last = state;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(Ended::TimedOut(format!("restore {id} was requested but is not complete after {:?}; it goes on in the pods: see their /ready, and run this command again to follow it", args.timeout)));
+        }
+    }
+}
+
+/// POSTs the request to every pod whose name resolves; how many took it.
+async fn hand_over<D, C, R>(
+    obs: &Observer<D, C, R>,
+    f: &Facts,
+    request: &RestoreRequest,
+) -> anyhow::Result<usize>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+    R: PeerReports + Clone + 'static,
+{
+    let cfg = &obs.cfg;
+    let body = serde_json::to_vec(request)?;
+    let (port, tls) = match &cfg.peer_tls {
+        Some(t) => (cfg.peer_report_port, Some(t.client_config())),
+        None => (cfg.http_port, None),
+    };
+    let mut targets: Vec<(u32, Lookup)> = vec![(f.ordinal, f.own_dns.clone())];
+    targets.extend(f.peers.iter().map(|p| (p.ordinal, p.dns.clone())));
+    let mut took = 0;
+    for (o, lookup) in targets {
+        let Some(ip) = lookup.first() else { continue };
+        let r = http_get::post_json(
+            SocketAddr::new(ip, port),
+            &cfg.identity.host(o),
+            "/peer/restore",
+            body.clone(),
+            POST_TIMEOUT,
+            tls.as_ref(),
+        )
+        .await;
+        if matches!(r, Ok((202, _))) {
+            took += 1;
+        }
+    }
+    Ok(took)
+}
