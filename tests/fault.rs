@@ -64,6 +64,7 @@ scenario!(s8_rolling_restart_under_writes, exclusive: true);
 scenario!(s9_rolling_upgrade_3_4_to_3_5, exclusive: false);
 scenario!(s10_every_volume_lost_comes_back_from_the_latest_backup, exclusive: false);
 scenario!(s11_lost_majority_with_a_survivor_is_not_restored, exclusive: false);
+scenario!(s12_lost_majority_recovered_from_the_survivor_with_every_write, exclusive: false);
 
 mod scenarios {
     use super::*;
@@ -810,5 +811,82 @@ mod scenarios {
             "the store holds the snapshots it held"
         );
         c.say("nothing restored: the survivor kept its data, the wiped pods wait");
+    }
+
+    /// 12. Two of three volumes lost after a writer ran: `etcd-steward recover --yes`,
+    ///     run in a wiped pod's etcd container as `kubectl exec` would, brings the cluster
+    ///     back from the survivor's volume: its sidecar stops etcd (the pod shares its process
+    ///     namespace), the container restarts (as kubelet restarts it), init starts etcd once
+    ///     with --force-new-cluster, and the wiped pods join as new learners: three voters
+    ///     holding every acknowledged write, the same cluster.
+    pub async fn s12_lost_majority_recovered_from_the_survivor_with_every_write() {
+        let mut c = Cluster::new("s12", 3).await;
+        let old = c.form(3, Etcd::V3_5).await;
+        let w = writer_for(&c, &[0, 1, 2]);
+        w.wait_progress(300, PROGRESS, "before the loss").await;
+        let report = w.stop().await;
+        // Followers persist the newest commit index with the next heartbeat.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let lost_ids = [c.member_id(1).await, c.member_id(2).await];
+        c.remove(1, true).await;
+        c.remove(2, true).await;
+        c.create_pod(1, Etcd::V3_5).await;
+        c.create_pod(2, Etcd::V3_5).await;
+        c.say(&format!(
+            "pods 1 and 2 lost their volumes; writer: {report:?}"
+        ));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!c.ready(0).await, "no quorum before the recovery");
+
+        let (code, plan, err) = c.exec_steward(1, &["recover"]).await;
+        assert_eq!(code, 0, "{err}");
+        let plan: serde_json::Value =
+            serde_json::from_str(plan.lines().next().unwrap_or_default()).unwrap();
+        assert_eq!(plan["survivor"], "etcd-0", "{plan}");
+
+        let recover = c.exec_steward(1, &["recover", "--yes", "--timeout=150s"]);
+        tokio::pin!(recover);
+        let (code, out, err) = loop {
+            tokio::select! {
+                r = &mut recover => break r,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    c.restart_exited().await;
+                }
+            }
+        };
+        assert_eq!(code, 0, "recover --yes: {out}\n{err}");
+        let deadline = Instant::now() + READY;
+        loop {
+            c.restart_exited().await;
+            let mut ready = true;
+            for o in 0..3 {
+                ready &= c.ready(o).await;
+            }
+            if ready {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not three ready voters after {READY:?}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        c.check(&[0, 1, 2], Some(old), report.acked).await;
+        for (o, lost) in [(1, lost_ids[0]), (2, lost_ids[1])] {
+            assert_ne!(
+                c.member_id(o).await,
+                lost,
+                "pod {o} joined with a new member ID"
+            );
+        }
+        let logs = c.logs(&c.etcd_ctr(0)).await;
+        assert!(
+            logs.contains("recovery: starting etcd with --force-new-cluster"),
+            "the survivor says what it did:\n{logs}"
+        );
+        c.say(&format!(
+            "cluster {old:x} recovered from pod 0's volume: every one of {} acknowledged writes on three voters",
+            report.acked
+        ));
     }
 }

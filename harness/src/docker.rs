@@ -443,6 +443,10 @@ impl Cluster {
             self.steward_ctr(o),
             "--network".into(),
             format!("container:{}", self.etcd_ctr(o)),
+            // The pod's process namespace, shared as in the manifests: the sidecar stops
+            // etcd once for a recovery.
+            "--pid".into(),
+            format!("container:{}", self.etcd_ctr(o)),
             "-e".into(),
             "ETCD_STEWARD_LOG=info".into(),
             "-v".into(),
@@ -463,6 +467,54 @@ impl Cluster {
         must(&["start", &self.etcd_ctr(o)]).await;
         must(&["start", &self.steward_ctr(o)]).await;
         self.say(&format!("pod {o} started"));
+    }
+
+    /// What kubelet does for a container whose process exited: for every pod whose etcd
+    /// container stopped by itself, starts it again, and restarts its sidecar, whose
+    /// network and process namespaces were that container's. Returns those pods.
+    pub async fn restart_exited(&self) -> Vec<u32> {
+        let mut restarted = Vec::new();
+        for o in self.ordinals() {
+            let ctr = self.etcd_ctr(o);
+            let exited = docker(&["inspect", "-f", "{{.State.Status}}", &ctr])
+                .await
+                .is_ok_and(|s| s == "exited");
+            if exited {
+                if docker(&["start", &ctr]).await.is_ok() {
+                    let _ = docker(&["restart", "-t", "2", &self.steward_ctr(o)]).await;
+                    self.say(&format!(
+                        "pod {o}: etcd container exited; restarted (as kubelet does)"
+                    ));
+                    restarted.push(o);
+                }
+            }
+        }
+        restarted
+    }
+
+    /// `etcd-steward ARGS` run in pod `o`'s etcd container with the pod's options (what
+    /// `kubectl exec etcd-o -c etcd -- etcd-steward ARGS` does): (exit code, stdout, stderr).
+    pub async fn exec_steward(&self, o: u32, args: &[&str]) -> (i32, String, String) {
+        let mut cmd = tokio::process::Command::new("docker");
+        cmd.args(["exec", &self.etcd_ctr(o), "etcd-steward"])
+            .args(args)
+            .args(self.common_args(o));
+        let out = cmd
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("docker exec: {e}"));
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let r = (
+            out.status.code().unwrap_or(-1),
+            text(&out.stdout),
+            text(&out.stderr),
+        );
+        self.say(&format!(
+            "pod {o}: etcd-steward {} → {}",
+            args.join(" "),
+            r.0
+        ));
+        r
     }
 
     /// SIGKILLs the pod's containers (etcd first: the pod's etcd container is what dies).
