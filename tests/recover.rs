@@ -499,6 +499,69 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
     set.shutdown().await;
 }
 
+async fn a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_once(etcd: Etcd) {
+    let mut set = formed_with_keys(etcd, 70).await;
+    lose_volumes(&mut set, &[1, 2]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let child = tokio::process::Command::new(STEWARD)
+        .arg("recover")
+        .arg("--yes")
+        .arg("--timeout=80s")
+        .args(set.common_args(2))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = tokio::spawn(child.wait_with_output());
+    // The survivor's sidecar dies as soon as it holds the request (before or after it
+    // stopped etcd), and comes back without it.
+    wait_for(FORM, "the survivor's sidecar holds the request", || async {
+        set.http(0, "/peer/report")
+            .await
+            .is_some_and(|(_, body)| body.contains("recovery_request"))
+    })
+    .await;
+    set.kill_sidecar(0).await;
+    set.start_sidecar(0).unwrap();
+    // The survivor's etcd is SIGKILLed as soon as init wrote the recovery marker: whether
+    // or not the forced start committed, the next start finishes it, never twice.
+    let marker = set.data_dir(0).join("member/steward/recovery.json");
+    let deadline = tokio::time::Instant::now() + RECOVER;
+    while !marker.exists() {
+        set.restart_exited().unwrap();
+        assert!(tokio::time::Instant::now() < deadline, "{}", set.dump());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    set.kill_etcd(0).await;
+    set.start_init(0).unwrap();
+    while !run.is_finished() {
+        set.restart_exited().unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = run.await.unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            70,
+            "pod {o}"
+        );
+    }
+    assert_eq!(set.members(0).await.unwrap().len(), 3);
+    let (_, metrics) = set.http(0, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("etcd_steward_recoveries_total 1"),
+        "one recovery:\n{metrics}"
+    );
+    set.shutdown().await;
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod etcd_3_5 {
@@ -521,6 +584,7 @@ macro_rules! scenarios {
 }
 
 scenarios!(
+    a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_once,
     restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside,
     auto_recovery_recovers_a_wiped_majority_from_the_survivor,
     auto_recovery_never_fires_while_pods_are_only_down_or_unreachable,
