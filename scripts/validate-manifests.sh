@@ -140,7 +140,7 @@ for path in sys.argv[1:]:
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         if "backup-encrypted" in path:
             # The sidecar encrypts with the key init decrypts with.
-            keys = [{e["name"]: e.get("value") for e in c.get("env", []) if "_KEY_FILE" in e["name"]}
+            keys = [{e["name"]: e.get("value") for e in c.get("env", []) if e["name"].startswith("ETCD_STEWARD_BACKUP_") and "_KEY_FILE" in e["name"]}
                     for c in spec["containers"]]
             if any(k != keys[0] for k in keys):
                 problems.append(f"{path}: the containers' key files differ: {keys}")
