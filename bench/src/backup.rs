@@ -20,10 +20,10 @@
 //!    every member is a voter answering a linearizable read. Both hold every key after.
 //!
 //! 10. (`backup-crypt`, issue 15) What encryption costs: the same member snapshotted by
-//!    `etcd-steward backup` with `--backup-encryption-key-file` (age X25519) and without, into
-//!    two `file://` stores on the same disk, alternating which goes first; time, peak RSS and
-//!    CPU time of each, and the restore drill of each store's newest snapshot (which
-//!    decrypts the encrypted one).
+//!     `etcd-steward backup` with `--backup-encryption-key-file` (age X25519) and without,
+//!     into two `file://` stores on the same disk, alternating which goes first; time, peak
+//!     RSS and CPU time of each, and the restore drill of each store's newest snapshot
+//!     (which decrypts the encrypted one).
 //!
 //! Everything the scenario writes (the source member, the store, the restored sets) lives
 //! in temporary directories it removes when it ends, failed or not; a failure carries the
@@ -717,7 +717,7 @@ async fn crypt_figures(
     );
     rss.note = "read from `/proc/PID/status` every 5 ms until the process exits".into();
     cpu.note = format!(
-        "the process's own utime + stime from `/proc/PID/stat` (100 Hz ticks), last read ≤ 5 ms before it exits; encryption adds {} CPU-s (median), i.e. age (ChaCha20-Poly1305) at ≈ {} MiB/s of one core",
+        "the process's own utime + stime from `/proc/PID/stat` (100 Hz ticks), last read ≤ 5 ms before it exits; encryption adds {} CPU-s (median): ≈ {} MiB of snapshot per added CPU-second (age's ChaCha20-Poly1305 and its buffer copies)",
         median(&extra_cpu).map(fmt_num).unwrap_or_else(|| "—".into()),
         median(&extra_cpu)
             .filter(|x| *x > 0.0)
