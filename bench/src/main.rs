@@ -12,6 +12,10 @@
 //! `--only backup --section backup`: the backup figures (issue 10), a snapshot of
 //! `--backup-size` into the store and three pods restored from it; not in the default run
 //! (it needs several GiB of disk and ~10 minutes at 1 GiB), but in the smoke run.
+//!
+//! `--only backup-crypt --section backup-crypt`: what encrypting the backups costs (issue
+//! 15), the same snapshot of `--backup-size` with and without encryption, paired; likewise
+//! only when named, and in the smoke run.
 
 mod backup;
 mod env;
@@ -47,10 +51,11 @@ const SCENARIOS: &[&str] = &[
     "health",
     "footprint",
     "backup",
+    "backup-crypt",
 ];
 
 /// Run only when named in `--only` (and in the smoke run).
-const NOT_BY_DEFAULT: &[&str] = &["backup"];
+const NOT_BY_DEFAULT: &[&str] = &["backup", "backup-crypt"];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -94,11 +99,11 @@ struct Cli {
     /// Backup: bytes of keys in the member whose snapshot is taken and restored.
     #[arg(long, default_value = "1G")]
     backup_size: String,
-    /// Backup: runs of the snapshot and of the restore figure.
+    /// Backup: runs of the snapshot and of the restore figure (backup-crypt: of each pair).
     #[arg(long, default_value_t = 3)]
     backup_runs: usize,
     /// Only these scenarios (image, startup, formation, restart, replacement, health,
-    /// footprint; backup runs only when named here).
+    /// footprint; backup and backup-crypt run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Where to write the report; default BENCHMARKS.md (smoke: target/bench-smoke/).
@@ -352,6 +357,13 @@ async fn run(mut cli: Cli) -> Result<bool> {
             cli.backup_runs
         ));
     }
+    if only.iter().any(|s| s == "backup-crypt") {
+        settings.push_str(&format!(
+            "; backup-crypt: a one-member set holding {}, {} paired runs (encrypted, unencrypted) of each figure, stores `file://`",
+            replacement::size_label(backup_bytes),
+            cli.backup_runs
+        ));
+    }
     eprintln!("bench: {settings}");
 
     let mut figures: Vec<Figure> = Vec::new();
@@ -416,6 +428,21 @@ async fn run(mut cli: Cli) -> Result<bool> {
                 };
                 let mut done = Vec::new();
                 let r = backup::run(&env, &opts, &mut done).await;
+                match r {
+                    Ok(()) => Ok(done),
+                    Err(e) => {
+                        figures.extend(done);
+                        Err(e)
+                    }
+                }
+            }
+            "backup-crypt" => {
+                let opts = backup::Options {
+                    bytes: backup_bytes,
+                    runs: cli.backup_runs,
+                };
+                let mut done = Vec::new();
+                let r = backup::run_crypt(&env, &opts, &mut done).await;
                 match r {
                     Ok(()) => Ok(done),
                     Err(e) => {

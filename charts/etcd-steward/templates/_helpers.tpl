@@ -74,6 +74,17 @@ Configuration checks the schema cannot express; each fails the render with what 
 {{- fail (printf "backups.url %q: want s3://BUCKET/PREFIX or file:///PATH" .Values.backups.url) -}}
 {{- end -}}
 {{- end -}}
+{{- $enc := .Values.backups.encryption -}}
+{{- if and (or $enc.existingSecret $enc.decryptionKeys) (not .Values.backups.enabled) -}}
+{{- fail "backups.encryption needs backups.enabled: its keys encrypt and decrypt the backups" -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range (include "etcd-steward.backupKeyFiles" . | fromJsonArray) -}}
+{{- if hasKey $seen .path -}}
+{{- fail (printf "backups.encryption: key %q of Secret %q is named twice (the encryption key also reads; list older keys once)" .key .secret) -}}
+{{- end -}}
+{{- $_ := set $seen .path true -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -156,6 +167,20 @@ when every volume is lost (ETCD_STEWARD_RESTORE).
 */}}
 {{- define "etcd-steward.backupEnv" -}}
 {{- if .Values.backups.enabled }}
+{{- $files := include "etcd-steward.backupKeyFiles" . | fromJsonArray }}
+{{- $read := list }}
+{{- range $files }}
+{{- if .write }}
+- name: ETCD_STEWARD_BACKUP_ENCRYPTION_KEY_FILE
+  value: {{ printf "/etc/etcd-steward/backup-keys/%s" .path | quote }}
+{{- else }}
+{{- $read = append $read (printf "/etc/etcd-steward/backup-keys/%s" .path) }}
+{{- end }}
+{{- end }}
+{{- with $read }}
+- name: ETCD_STEWARD_BACKUP_DECRYPTION_KEY_FILES
+  value: {{ join "," . | quote }}
+{{- end }}
 - name: ETCD_STEWARD_BACKUP_URL
   value: {{ .Values.backups.url | quote }}
 - name: ETCD_STEWARD_BACKUP_INTERVAL
@@ -178,3 +203,49 @@ when every volume is lost (ETCD_STEWARD_RESTORE).
 {{- end }}
 {{- end }}
 {{- end }}
+
+
+{{/*
+The backup key files (backups.encryption), as a JSON list of {secret, key, path, write}: the
+encryption key first (write), then the older ones. Each is SECRET/KEY under
+/etc/etcd-steward/backup-keys, so keys of the same name in different Secrets do not collide.
+*/}}
+{{- define "etcd-steward.backupKeyFiles" -}}
+{{- $enc := .Values.backups.encryption -}}
+{{- $files := list -}}
+{{- if $enc.existingSecret -}}
+{{- $files = append $files (dict "secret" $enc.existingSecret "key" $enc.secretKey "path" (printf "%s/%s" $enc.existingSecret $enc.secretKey) "write" true) -}}
+{{- end -}}
+{{- range $enc.decryptionKeys -}}
+{{- $files = append $files (dict "secret" .secret "key" .key "path" (printf "%s/%s" .secret .key) "write" false) -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{/* The backup keys' mount, the same in both containers (read-only). */}}
+{{- define "etcd-steward.backupKeyMount" -}}
+{{- if and .Values.backups.enabled (include "etcd-steward.backupKeyFiles" . | fromJsonArray) }}
+# The age keys: the sidecar encrypts and drills, init restores.
+- name: backup-keys
+  mountPath: /etc/etcd-steward/backup-keys
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The backup keys' volume: one projected Secret item per key file. */}}
+{{- define "etcd-steward.backupKeyVolume" -}}
+{{- $files := include "etcd-steward.backupKeyFiles" . | fromJsonArray -}}
+{{- if and .Values.backups.enabled $files }}
+- name: backup-keys
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- range $files }}
+      - secret:
+          name: {{ .secret }}
+          items:
+            - key: {{ .key | quote }}
+              path: {{ .path | quote }}
+      {{- end }}
+{{- end }}
+{{- end -}}
