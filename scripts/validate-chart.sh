@@ -99,6 +99,7 @@ done <<'EOF'
 --set backups.interval=1h30m|backups/interval
 --set storage.retentionPolicy.whenScaled=Remove|whenScaled
 --set replicas=0|replicas
+--set recovery.autoRecoverAfter=soon|recovery/autoRecoverAfter
 --set initialReplicas=5|initialReplicas (5) exceeds replicas (3)
 --set backups.enabled=true --set backups.url=s3://bucket/prefix|backups.credentialsSecret is required
 --set backups.enabled=true --set backups.url=file:///backups/x|backups.volume.claimName is required

@@ -110,6 +110,10 @@ auth when on. Both containers must derive the same cluster from it.
   value: {{ include "etcd-steward.name" . }}
 - name: ETCD_STEWARD_DATA_DIR
   value: /var/lib/etcd
+{{- with .Values.recovery.autoRecoverAfter }}
+- name: ETCD_STEWARD_AUTO_RECOVER_AFTER
+  value: {{ . | quote }}
+{{- end }}
 {{- if ne .Values.clusterDomain "cluster.local" }}
 - name: ETCD_STEWARD_CLUSTER_DOMAIN
   value: {{ .Values.clusterDomain | quote }}
