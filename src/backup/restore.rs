@@ -85,7 +85,11 @@ pub async fn fetch_verified(store: &Store, m: &Manifest, dest: &Path) -> Result<
     let mut file = tokio::fs::File::create(&partial)
         .await
         .map_err(io("create", &partial))?;
-    let mut check = StreamCheck::default();
+    // Encrypted, etcd's trailer is checked on the plaintext after decryption instead.
+    let mut check = match m.encryption {
+        Some(_) => StreamCheck::whole_only(),
+        None => StreamCheck::default(),
+    };
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         check.update(&chunk);
@@ -156,7 +160,7 @@ async fn plain_trailer(path: &Path) -> Result<Result<(), String>, RestoreError> 
     let mut file = tokio::fs::File::open(path)
         .await
         .map_err(io("open", path))?;
-    let mut check = StreamCheck::default();
+    let mut check = StreamCheck::trailer_only();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = file.read(&mut buf).await.map_err(io("read", path))?;

@@ -217,52 +217,91 @@ impl SnapshotSource for EtcdSource {
     }
 }
 
-/// The running checksums of a snapshot stream. The last 32 bytes seen are held back from
-/// the database hash, since they may be etcd's trailer.
-#[derive(Default)]
+/// The running checksums of a snapshot stream: SHA-256 of every byte (what the store
+/// holds), and etcd's trailer check (the last 32 bytes seen are held back from the
+/// database hash, since they may be etcd's trailer). Each is kept only where it is used:
+/// hashing a gigabyte costs about a second.
 pub struct StreamCheck {
-    whole: Sha256,
-    db: Sha256,
+    whole: Option<Sha256>,
+    db: Option<Sha256>,
     tail: Vec<u8>,
     size: u64,
+}
+
+impl Default for StreamCheck {
+    /// Both checks.
+    fn default() -> Self {
+        StreamCheck {
+            whole: Some(Sha256::new()),
+            db: Some(Sha256::new()),
+            tail: Vec::new(),
+            size: 0,
+        }
+    }
 }
 
 /// What the checksums found once the stream ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
     pub size: u64,
-    /// SHA-256 of every byte, hexadecimal.
+    /// SHA-256 of every byte, hexadecimal (empty when not kept).
     pub sha256: String,
-    /// `Err(why)` when etcd's trailer is missing or does not match the database.
+    /// `Err(why)` when etcd's trailer is missing or does not match the database (`Ok`
+    /// when not checked).
     pub trailer: Result<(), String>,
 }
 
 impl StreamCheck {
+    /// etcd's trailer check only (the plaintext of an encrypted snapshot).
+    pub fn trailer_only() -> Self {
+        StreamCheck {
+            whole: None,
+            ..Self::default()
+        }
+    }
+
+    /// The SHA-256 of every byte only (the ciphertext of an encrypted snapshot).
+    pub fn whole_only() -> Self {
+        StreamCheck {
+            db: None,
+            ..Self::default()
+        }
+    }
+
     pub fn update(&mut self, chunk: &[u8]) {
-        self.whole.update(chunk);
+        if let Some(w) = self.whole.as_mut() {
+            w.update(chunk);
+        }
         self.size += chunk.len() as u64;
+        let Some(db) = self.db.as_mut() else {
+            return;
+        };
         self.tail.extend_from_slice(chunk);
         if self.tail.len() > TRAILER {
             let n = self.tail.len() - TRAILER;
-            self.db.update(&self.tail[..n]);
+            db.update(&self.tail[..n]);
             self.tail.drain(..n);
         }
     }
 
     pub fn finish(self) -> Checked {
-        let trailer = if self.tail.len() < TRAILER {
-            Err(format!(
+        let trailer = match self.db {
+            None => Ok(()),
+            Some(_) if self.tail.len() < TRAILER => Err(format!(
                 "the snapshot is {} bytes, too short to hold etcd's SHA-256 trailer",
                 self.size
-            ))
-        } else if self.db.finalize().as_slice() == self.tail.as_slice() {
-            Ok(())
-        } else {
-            Err("etcd's SHA-256 trailer does not match the database".to_string())
+            )),
+            Some(db) => {
+                if db.finalize().as_slice() == self.tail.as_slice() {
+                    Ok(())
+                } else {
+                    Err("etcd's SHA-256 trailer does not match the database".to_string())
+                }
+            }
         };
         Checked {
             size: self.size,
-            sha256: hex(&self.whole.finalize()),
+            sha256: self.whole.map(|w| hex(&w.finalize())).unwrap_or_default(),
             trailer,
         }
     }
@@ -297,12 +336,16 @@ pub async fn take<S: SnapshotSource>(
     let mut upload = store.upload(&manifest::db_object(&name)).await?;
     // The plaintext's checks (etcd's trailer) and the stored object's (what a restore
     // downloads): the same bytes unless the snapshot is encrypted on its way out.
-    let mut plain = StreamCheck::default();
-    let mut stored = StreamCheck::default();
     let encrypt_to = store.keys().write.clone();
     let mut encrypting = match &encrypt_to {
         Some(key) => Some(Encrypting::new(key).map_err(TakeError::Encrypt)?),
         None => None,
+    };
+    // Unencrypted, one pass checks both; encrypted, the trailer on the plaintext and the
+    // stored object's hash on the ciphertext.
+    let (mut plain, mut stored) = match encrypting {
+        Some(_) => (StreamCheck::trailer_only(), Some(StreamCheck::whole_only())),
+        None => (StreamCheck::default(), None),
     };
     while let Some(chunk) = stream.next().await {
         let chunk = match chunk {
@@ -313,17 +356,19 @@ pub async fn take<S: SnapshotSource>(
             }
         };
         plain.update(&chunk);
-        let out = match encrypting.as_mut() {
+        let out: std::borrow::Cow<'_, [u8]> = match encrypting.as_mut() {
             Some(e) => match e.update(&chunk) {
-                Ok(c) => c,
+                Ok(c) => c.into(),
                 Err(e) => {
                     upload.abort().await;
                     return Err(TakeError::Encrypt(e));
                 }
             },
-            None => chunk.to_vec(),
+            None => chunk.as_ref().into(),
         };
-        stored.update(&out);
+        if let Some(s) = stored.as_mut() {
+            s.update(&out);
+        }
         if let Err(e) = upload.write(&out).await {
             upload.abort().await;
             return Err(e.into());
@@ -337,14 +382,20 @@ pub async fn take<S: SnapshotSource>(
                 return Err(TakeError::Encrypt(e));
             }
         };
-        stored.update(&last);
+        if let Some(s) = stored.as_mut() {
+            s.update(&last);
+        }
         if let Err(e) = upload.write(&last).await {
             upload.abort().await;
             return Err(e.into());
         }
     }
     upload.finish().await?;
-    let (plain, stored) = (plain.finish(), stored.finish());
+    let plain = plain.finish();
+    let stored = match stored {
+        Some(s) => s.finish(),
+        None => plain.clone(),
+    };
     let (time, time_unix) = manifest::timestamps(now);
     let m = Manifest {
         name,
@@ -464,6 +515,26 @@ mod tests {
         let mut src = FakeSource::new(&[5u8; 1000], 1);
         src.stream[10] ^= 1;
         assert!(check_all(&src.stream, 64).trailer.is_err());
+    }
+
+    #[test]
+    fn each_partial_check_keeps_only_its_own_hash() {
+        let mut src = FakeSource::new(&[9u8; 500], 1);
+        let feed = |mut c: StreamCheck, bytes: &[u8]| {
+            for part in bytes.chunks(13) {
+                c.update(part);
+            }
+            c.finish()
+        };
+        let whole = feed(StreamCheck::whole_only(), &src.stream);
+        assert_eq!(whole.sha256, hex(&Sha256::digest(&src.stream)));
+        assert_eq!(whole.trailer, Ok(()));
+        let trailer = feed(StreamCheck::trailer_only(), &src.stream);
+        assert_eq!((trailer.sha256.as_str(), trailer.trailer), ("", Ok(())));
+        src.stream[3] ^= 1;
+        assert!(feed(StreamCheck::trailer_only(), &src.stream)
+            .trailer
+            .is_err());
     }
 
     #[test]
