@@ -479,14 +479,12 @@ impl Cluster {
             let exited = docker(&["inspect", "-f", "{{.State.Status}}", &ctr])
                 .await
                 .is_ok_and(|s| s == "exited");
-            if exited {
-                if docker(&["start", &ctr]).await.is_ok() {
-                    let _ = docker(&["restart", "-t", "2", &self.steward_ctr(o)]).await;
-                    self.say(&format!(
-                        "pod {o}: etcd container exited; restarted (as kubelet does)"
-                    ));
-                    restarted.push(o);
-                }
+            if exited && docker(&["start", &ctr]).await.is_ok() {
+                let _ = docker(&["restart", "-t", "2", &self.steward_ctr(o)]).await;
+                self.say(&format!(
+                    "pod {o}: etcd container exited; restarted (as kubelet does)"
+                ));
+                restarted.push(o);
             }
         }
         restarted
