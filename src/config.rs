@@ -40,6 +40,9 @@ pub enum Command {
     /// its data aside (renamed, not deleted) and the cluster re-forms from the snapshot.
     /// Prints the plan; --yes carries it out.
     Restore(SnapshotRestoreArgs),
+    /// One screen for an incident: each member's role, lag, database size, alarms and
+    /// version, each pod's volume and last decision, and the backups.
+    Status(StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -682,6 +685,16 @@ pub struct RecoverArgs {
     /// With --yes, how long to follow the recovery before giving up (it goes on in the pods).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+}
+
+/// `status`'s options.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// `text` (one screen) or `json` (the same data, for scripts).
+    #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
 }
 
 /// `restore`'s options.

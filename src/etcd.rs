@@ -264,6 +264,9 @@ impl Etcd for EtcdClientMember {
             raft_term: s.raft_term(),
             is_learner: s.is_learner(),
             errors: s.errors().to_vec(),
+            db_size: s.db_size(),
+            db_size_in_use: s.raft_used_db_size(),
+            version: s.version().to_string(),
         })
     }
 

@@ -213,7 +213,7 @@ impl MemberInfo {
 }
 
 /// One member's own status.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemberStatus {
     pub member_id: u64,
     pub cluster_id: u64,
@@ -224,6 +224,11 @@ pub struct MemberStatus {
     pub is_learner: bool,
     /// Alarms and other errors the member reports (NOSPACE, CORRUPT, …).
     pub errors: Vec<String>,
+    /// The backend database file's size, and the part of it in use (etcd 3.4+).
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    /// The member's etcd version.
+    pub version: String,
 }
 
 /// What `GET /peer/report` answers: a pod's sidecar telling the others about its volume.
@@ -257,6 +262,17 @@ pub struct PeerReport {
     /// The restore request this volume was set aside and re-formed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_for: Option<String>,
+    /// The last decision `init` acted on for this volume (its journal's last line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<LastDecision>,
+}
+
+/// One decision `init` acted on: when (unix seconds), what, and the sentence it logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastDecision {
+    pub ts: u64,
+    pub action: ActionKind,
+    pub reason: String,
 }
 
 /// A member to send a membership change to: its DNS name and the address it answered at.

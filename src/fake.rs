@@ -353,6 +353,7 @@ impl Etcd for FakeMember {
                 raft_term: s.raft_term,
                 is_learner: m.info.is_learner,
                 errors: m.errors.clone(),
+                ..Default::default()
             })
         })
         .await

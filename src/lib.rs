@@ -20,5 +20,6 @@ pub mod logs;
 pub mod recover;
 pub mod report;
 pub mod sidecar;
+pub mod status;
 pub mod tls;
 pub mod volume;

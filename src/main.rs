@@ -158,6 +158,36 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Status(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(async {
+                    let dns = HickoryDns::new(cfg.dns_server)?;
+                    let connector = EtcdClientConnector::new(&cfg);
+                    etcd_steward::status::gather(cfg, dns, connector).await
+                })
+            });
+            match result {
+                Ok(s) if args.output == "json" => match serde_json::to_string(&s) {
+                    Ok(text) => {
+                        println!("{text}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(&e.into()),
+                },
+                Ok(s) => {
+                    print!("{}", etcd_steward::status::render(&s));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Restore(args) => {
             let cfg = match args.common.validate() {
                 Ok(c) => c,

@@ -39,6 +39,7 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
                 raft_term: 2,
                 is_learner: false,
                 errors: vec![],
+                ..Default::default()
             }),
             linearizable: Some(Ok(())),
             leader_index: None,

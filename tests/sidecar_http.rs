@@ -58,6 +58,7 @@ fn status() -> MemberStatus {
         raft_term: 3,
         is_learner: false,
         errors: vec![],
+        ..Default::default()
     }
 }
 

@@ -35,6 +35,14 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                 recovery_request: s.recovery.current(),
                 restore_request: s.restore.current(),
                 restored_for: state.restored_for,
+                last_decision: crate::volume::journal::read(&s.data_dir).pop().map(|e| {
+                    crate::facts::LastDecision {
+                        ts: e.ts,
+                        action: e.action,
+                        // Bounded: the report is bootstrap evidence with a size cap.
+                        reason: e.reason.chars().take(600).collect(),
+                    }
+                }),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()

@@ -192,6 +192,7 @@ mod planner_tests {
                     raft_term: 2,
                     is_learner: false,
                     errors: vec![],
+                    ..Default::default()
                 }),
                 linearizable: Some(Ok(())),
                 leader_index: None,
