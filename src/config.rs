@@ -43,6 +43,11 @@ pub enum Command {
     /// One screen for an incident: each member's role, lag, database size, alarms and
     /// version, each pod's volume and last decision, and the backups.
     Status(StatusArgs),
+    /// Leave the cluster for good (a planned departure): remove this pod's member, set its
+    /// data aside, and stay out until `rejoin`. Prints the plan; --yes carries it out.
+    Leave(LeaveArgs),
+    /// After `leave`: let this pod join the cluster again (as a new member).
+    Rejoin(RejoinArgs),
 }
 
 #[derive(Debug, Args)]
@@ -685,6 +690,23 @@ pub struct RecoverArgs {
     /// With --yes, how long to follow the recovery before giving up (it goes on in the pods).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+}
+
+/// `leave`'s options.
+#[derive(Debug, Args)]
+pub struct LeaveArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Carry the leave out.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// `rejoin`'s options.
+#[derive(Debug, Args)]
+pub struct RejoinArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// `status`'s options.

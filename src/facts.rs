@@ -115,6 +115,17 @@ impl RecoveryMarker {
     }
 }
 
+/// Written by `etcd-steward leave` at the data directory's root (outside `member/`, so it
+/// stays when the data goes aside): this pod left the cluster and does not rejoin until
+/// `etcd-steward rejoin` (or its volume is replaced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftMarker {
+    /// Unix seconds.
+    pub ts: u64,
+    #[serde(with = "hex_id")]
+    pub member_id: u64,
+}
+
 /// What the data directory holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataDirState {
@@ -125,6 +136,8 @@ pub struct DataDirState {
     pub recovery: Option<RecoveryMarker>,
     /// The restore request this volume's data was set aside for (and re-formed from).
     pub restored_for: Option<String>,
+    /// This pod left the cluster (`etcd-steward leave`).
+    pub left: Option<LeftMarker>,
     /// Our formation marker, when a formation is (or was) under way for this volume.
     pub formation: Option<Formation>,
     /// Anomalies worth a line in the decision log (an unreadable marker, …).
@@ -150,6 +163,7 @@ impl DataDirState {
             tail: None,
             recovery: None,
             restored_for: None,
+            left: None,
             formation: None,
             notes: vec![],
             rejected_snapshots: vec![],

@@ -16,6 +16,7 @@ pub mod fake;
 pub mod http_get;
 pub mod identity;
 pub mod init;
+pub mod leave;
 pub mod logs;
 pub mod recover;
 pub mod report;

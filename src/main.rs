@@ -10,6 +10,7 @@ use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
+use etcd_steward::leave::Left;
 use etcd_steward::recover::command::Ended;
 use etcd_steward::{backup, exec, recover, sidecar};
 
@@ -155,6 +156,43 @@ fn main() -> ExitCode {
                     eprintln!("etcd-steward: {why}");
                     ExitCode::from(EXIT_RUNTIME)
                 }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Leave(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let result = runtime().and_then(|rt| {
+                rt.block_on(async {
+                    let dns = HickoryDns::new(cfg.dns_server)?;
+                    let connector = EtcdClientConnector::new(&cfg);
+                    etcd_steward::leave::leave(cfg, args.yes, dns, connector).await
+                })
+            });
+            match result {
+                Ok(Left::Planned | Left::Done) => ExitCode::SUCCESS,
+                Ok(Left::Refused(why)) => {
+                    eprintln!("etcd-steward: leave refused: {why}");
+                    ExitCode::from(EXIT_REFUSED)
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Rejoin(args) => {
+            let cfg = match args.common.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("etcd-steward: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match etcd_steward::leave::rejoin(&cfg) {
+                Ok(_) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
             }
         }

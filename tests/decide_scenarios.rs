@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use etcd_steward::facts::{
-    BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, Lookup,
-    MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
+    BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
+    Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
     RestoreWanted, SnapshotFacts, WalIdentity, WalState, WalTail,
 };
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
@@ -430,6 +430,42 @@ fn without_a_readable_wal_tail_nothing_is_forced() {
         commit: 10,
     });
     assert_eq!(decide(&f).action, Action::Restart);
+}
+
+fn left(member_id: u64) -> Option<LeftMarker> {
+    Some(LeftMarker { ts: 1, member_id })
+}
+
+#[test]
+fn a_pod_that_left_sets_its_data_aside_only_once_the_cluster_no_longer_lists_it() {
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        ..facts()
+    };
+    f.data.left = left(0xa1);
+    f.cluster = healthy(vec![started_voter(0xb2, 0), started_voter(0xc3, 2)]);
+    assert_eq!(
+        decide(&f).action,
+        Action::SetAside {
+            why: SetAsideWhy::Left
+        }
+    );
+    f.cluster = healthy(vec![started_voter(0xa1, 1), started_voter(0xb2, 0)]);
+    assert_waits(&decide(&f), &["still lists member a1", "data is kept"]);
+    f.cluster = not_reached();
+    assert_waits(&decide(&f), &["no cluster answered", "data is kept"]);
+}
+
+#[test]
+fn a_pod_that_left_never_joins_until_rejoin() {
+    let mut f = Facts {
+        cluster: healthy_without_us(),
+        ..facts()
+    };
+    f.data.left = left(0xa1);
+    assert_waits(&decide(&f), &["etcd-steward rejoin"]);
+    f.data.left = None;
+    assert!(matches!(decide(&f).action, Action::Join { .. }));
 }
 
 fn restore_request() -> RestoreRequest {

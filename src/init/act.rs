@@ -184,6 +184,9 @@ pub async fn act<C: Connector>(
                 marker::write_restored_for(dir, &r.id)?;
             }
             match moved {
+                Some(to) if *why == SetAsideWhy::Left => {
+                    tracing::warn!(moved_to = %to.display(), why = why.slug(), "data set aside (renamed, not deleted); this pod left the cluster and waits for etcd-steward rejoin")
+                }
                 Some(to) => {
                     tracing::warn!(moved_to = %to.display(), why = why.slug(), "data set aside (renamed, not deleted); this pod now joins as a new member")
                 }

@@ -26,6 +26,8 @@ pub enum SetAsideWhy {
     NotAMember,
     /// An operator restores the whole cluster to a snapshot (`restore --snapshot --yes`).
     RestoreRequested,
+    /// This pod left the cluster (`etcd-steward leave --yes`) and its member is removed.
+    Left,
 }
 
 impl SetAsideWhy {
@@ -36,6 +38,7 @@ impl SetAsideWhy {
             SetAsideWhy::RemovedMember => "removed-member",
             SetAsideWhy::NotAMember => "not-a-member",
             SetAsideWhy::RestoreRequested => "restore-requested",
+            SetAsideWhy::Left => "left",
         }
     }
 }
@@ -257,6 +260,14 @@ pub enum Why {
         id: String,
         snapshot: String,
     },
+    LeftAndRemoved {
+        member: u64,
+    },
+    LeaveNotDone {
+        member: u64,
+        listed: bool,
+    },
+    Left,
     // This pod's own name does not resolve: whatever was decided waits.
     OwnNameNotPublished {
         host: String,
@@ -324,6 +335,9 @@ impl std::fmt::Display for Why {
             Why::RecoveryChoseOther { id, survivor } => write!(f, "recovery {id} names this pod as the survivor, but by this pod's own observations {survivor} holds the freshest volume: not acting; run etcd-steward recover again"),
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
+            Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
+            Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
+            Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
         }
@@ -378,6 +392,9 @@ fn token_includes(token: &str, ordinal: u32, nonce: &str) -> bool {
 
 /// Decides how this member must start.
 pub fn decide(f: &Facts) -> Decision {
+    if let Some(l) = &f.data.left {
+        return after_leave(f, l.member_id);
+    }
     let restoring = f.restore_request.as_ref();
     let d = match restoring {
         // Restoring the live cluster to a snapshot: data not yet set aside for this
@@ -399,6 +416,30 @@ pub fn decide(f: &Facts) -> Decision {
         _ => decide_empty(f),
     };
     gate_on_own_dns(f, d)
+}
+
+/// A pod that left: its data goes aside once the cluster confirms its member is removed;
+/// then it waits for `rejoin`.
+fn after_leave(f: &Facts, member: u64) -> Decision {
+    if !f.data.has_data() {
+        return wait(Why::Left);
+    }
+    match &f.cluster {
+        ClusterFacts::Healthy(view) if !view.members.iter().any(|m| m.id == member) => decision(
+            Action::SetAside {
+                why: SetAsideWhy::Left,
+            },
+            Why::LeftAndRemoved { member },
+        ),
+        ClusterFacts::Healthy(_) => wait(Why::LeaveNotDone {
+            member,
+            listed: true,
+        }),
+        ClusterFacts::NotReached { .. } => wait(Why::LeaveNotDone {
+            member,
+            listed: false,
+        }),
+    }
 }
 
 /// etcd refuses to start when its advertised peer URL does not resolve, and a member

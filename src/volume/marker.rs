@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::facts::{Formation, RecoveryMarker};
+use crate::facts::{Formation, LeftMarker, RecoveryMarker};
 
 use super::{steward_dir, write_atomically, VolumeError};
 
@@ -70,6 +70,38 @@ pub fn restored_for(dir: &Path) -> Option<String> {
 pub fn write_restored_for(dir: &Path, id: &str) -> Result<(), VolumeError> {
     let bytes = serde_json::to_vec(id).unwrap_or_default();
     write_atomically(&restored_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+fn left_path(dir: &Path) -> PathBuf {
+    dir.join("steward-left.json")
+}
+
+/// The leave marker (`<data-dir>/steward-left.json`), if this pod left the cluster.
+pub fn left(dir: &Path) -> Option<LeftMarker> {
+    std::fs::read(left_path(dir))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+}
+
+/// Records that this pod leaves the cluster: it does not rejoin until `rejoin`.
+pub fn write_left(dir: &Path, m: &LeftMarker) -> Result<(), VolumeError> {
+    let bytes = serde_json::to_vec(m).unwrap_or_default();
+    write_atomically(&left_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+/// `rejoin`: the leave marker is renamed (kept, with the time) so that the pod joins again;
+/// `false` when there was none.
+pub fn clear_left(dir: &Path, stamp: u64) -> Result<bool, VolumeError> {
+    let from = left_path(dir);
+    if !from.exists() {
+        return Ok(false);
+    }
+    let to = dir.join(format!("steward-left.json.rejoined-{stamp}"));
+    std::fs::rename(&from, &to).map_err(VolumeError::unwritable(dir))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(VolumeError::unwritable(dir))?;
+    Ok(true)
 }
 
 fn rejected_path(dir: &Path) -> PathBuf {

@@ -83,6 +83,7 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         tail: None,
         recovery,
         restored_for: marker::restored_for(dir),
+        left: marker::left(dir),
         formation,
         notes,
         rejected_snapshots: marker::rejected_snapshots(dir),

@@ -1,0 +1,217 @@
+//! `etcd-steward leave [--yes]` and `etcd-steward rejoin`, run in a pod's etcd container:
+//! a planned departure (what `etcdadm reset` does on a host). `leave` checks that removing
+//! this member keeps quorum and is not the last voter, records the leave in the volume
+//! (`steward-left.json`, outside `member/`), removes the member, and stops etcd; `init`
+//! then sets the data aside (renamed, never deleted) and waits until `rejoin` (or a new
+//! volume). [`check`] is the pure rule.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::Config;
+use crate::dns::Dns;
+use crate::etcd::{Connector, Etcd};
+use crate::facts::LeftMarker;
+use crate::volume::marker;
+
+/// What the leave would do to the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts {
+    pub is_learner: bool,
+    /// Voters the cluster lists, this member included (when it is one).
+    pub voters: usize,
+    /// Other voters that answered and see a leader.
+    pub healthy_others: usize,
+}
+
+/// Pure: why this member may not leave, if it may not.
+pub fn check(c: &Counts) -> Result<(), String> {
+    if c.is_learner {
+        return Ok(());
+    }
+    let after = c.voters.saturating_sub(1);
+    if after == 0 {
+        return Err("this is the cluster's last voter: removing it would end the cluster".into());
+    }
+    let quorum = after / 2 + 1;
+    if c.healthy_others < quorum {
+        return Err(format!(
+            "after it, {after} voters would remain, of which {} answer: fewer than their quorum of {quorum}",
+            c.healthy_others
+        ));
+    }
+    Ok(())
+}
+
+/// How long `leave` retries a removal etcd refuses for now.
+const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// How `leave` ended.
+pub enum Left {
+    Planned,
+    Done,
+    Refused(String),
+}
+
+pub async fn leave<D, C>(cfg: Config, yes: bool, dns: D, connector: C) -> anyhow::Result<Left>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    let id = &cfg.identity;
+    let me = connector
+        .connect(&id.host(id.ordinal), cfg.local_ip(), id.client_port)
+        .await?;
+    let status = me.status().await?;
+    if let Some(m) = marker::left(&cfg.data_dir) {
+        let (_, members) = me.members().await.unwrap_or_default();
+        if m.member_id == status.member_id && !members.iter().any(|x| x.id == m.member_id) {
+            println!(
+                "{}",
+                json!({"state": "left", "member_id": format!("{:x}", m.member_id)})
+            );
+            return Ok(Left::Done);
+        }
+    }
+    let (_, members) = me.members().await?;
+    let voters = members.iter().filter(|m| !m.is_learner).count();
+    let mut healthy_others = 0;
+    for m in members
+        .iter()
+        .filter(|m| !m.is_learner && m.id != status.member_id)
+    {
+        let Some(o) = m.peer_urls.iter().find_map(|u| id.ordinal_of_peer_url(u)) else {
+            continue;
+        };
+        let Ok(lookup) =
+            tokio::time::timeout(Duration::from_secs(2), dns.lookup(&id.host(o))).await
+        else {
+            continue;
+        };
+        let Some(ip) = lookup.first() else { continue };
+        let answered = tokio::time::timeout(Duration::from_secs(3), async {
+            let peer = connector.connect(&id.host(o), ip, id.client_port).await?;
+            peer.status().await
+        })
+        .await;
+        if matches!(answered, Ok(Ok(s)) if s.leader != 0) {
+            healthy_others += 1;
+        }
+    }
+    let counts = Counts {
+        is_learner: status.is_learner,
+        voters,
+        healthy_others,
+    };
+    if let Err(why) = check(&counts) {
+        return Ok(Left::Refused(why));
+    }
+    let plan = json!({
+        "pod": id.name(),
+        "member_id": format!("{:x}", status.member_id),
+        "role": if status.is_learner { "learner" } else { "voter" },
+        "voters_before": voters,
+        "voters_after": if status.is_learner { voters } else { voters - 1 },
+        "other_voters_answering": healthy_others,
+        "steps": ["record the leave in the volume", "remove the member", "stop etcd; init sets the data aside and waits for etcd-steward rejoin"],
+        "state": if yes { "leaving" } else { "planned" },
+    });
+    println!("{plan}");
+    if !yes {
+        return Ok(Left::Planned);
+    }
+    marker::write_left(
+        &cfg.data_dir,
+        &LeftMarker {
+            ts: unix_now(),
+            member_id: status.member_id,
+        },
+    )?;
+    tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: recorded in the volume; removing this member");
+    // etcd refuses membership changes for a few seconds after a member (re)connects
+    // ("unhealthy cluster"): retried for a while, as init retries its own.
+    let deadline = tokio::time::Instant::now() + REMOVE_PATIENCE;
+    loop {
+        match me.remove(status.member_id).await {
+            Ok(()) | Err(crate::etcd::EtcdError::MemberNotFound { .. }) => break,
+            Err(crate::etcd::EtcdError::UnhealthyCluster | crate::etcd::EtcdError::NoLeader)
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => anyhow::bail!(
+                "the leave is recorded, but removing member {:x} failed: {e}; run leave --yes again",
+                status.member_id
+            ),
+        }
+    }
+    tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: member removed; stopping etcd");
+    match crate::sidecar::recovery::find_etcd(&cfg.data_dir) {
+        Some(pid) => {
+            if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+            }
+        }
+        None => eprintln!("etcd-steward: no etcd process for {} is visible here: restart the pod so that init sets the data aside", cfg.data_dir.display()),
+    }
+    println!(
+        "{}",
+        json!({"state": "left", "member_id": format!("{:x}", status.member_id), "next": "etcd-steward rejoin, when this pod should join again"})
+    );
+    Ok(Left::Done)
+}
+
+/// `rejoin`: the leave marker is renamed; `init` (waiting) then joins as a new member.
+pub fn rejoin(cfg: &Config) -> anyhow::Result<bool> {
+    let cleared = marker::clear_left(&cfg.data_dir, unix_now())?;
+    println!(
+        "{}",
+        json!({"state": if cleared { "rejoining" } else { "not left" }})
+    );
+    Ok(cleared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(voters: usize, healthy_others: usize) -> Counts {
+        Counts {
+            is_learner: false,
+            voters,
+            healthy_others,
+        }
+    }
+
+    #[test]
+    fn a_voter_leaves_only_when_the_rest_keep_their_quorum() {
+        assert_eq!(check(&counts(3, 2)), Ok(()));
+        assert!(
+            check(&counts(3, 1)).is_err(),
+            "two remain, one answers: their quorum is 2"
+        );
+        assert!(check(&counts(5, 2)).is_err());
+        assert!(check(&counts(5, 3)).is_ok());
+    }
+
+    #[test]
+    fn the_last_voter_never_leaves_and_a_learner_always_may() {
+        assert!(check(&counts(1, 0)).unwrap_err().contains("last voter"));
+        assert_eq!(
+            check(&Counts {
+                is_learner: true,
+                voters: 1,
+                healthy_others: 0
+            }),
+            Ok(())
+        );
+    }
+}
