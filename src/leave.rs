@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn the_last_voter_never_leaves_and_a_learner_always_may() {
-        assert!(check(&counts(1, 0)).unwrap_err().contains("last voter"));
+        assert!(check(&counts(1, 0)).is_err_and(|e| e.contains("last voter")));
         assert_eq!(
             check(&Counts {
                 is_learner: true,
