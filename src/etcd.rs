@@ -57,6 +57,12 @@ pub trait Etcd: Send + Sync {
     ) -> impl Future<Output = Result<MemberInfo, EtcdError>> + Send;
     fn remove(&self, id: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
     fn promote(&self, id: u64) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    /// Replaces member `id`'s peer URLs (MemberUpdate): the member keeps its ID and data.
+    fn update_peer_urls(
+        &self,
+        id: u64,
+        urls: &[String],
+    ) -> impl Future<Output = Result<(), EtcdError>> + Send;
 }
 
 /// Opens connections to members by address.
@@ -330,6 +336,15 @@ impl Etcd for EtcdClientMember {
         self.client
             .clone()
             .member_promote(id)
+            .await
+            .map(drop)
+            .map_err(|e| with_id(classify(&self.endpoint, e), id))
+    }
+
+    async fn update_peer_urls(&self, id: u64, urls: &[String]) -> Result<(), EtcdError> {
+        self.client
+            .clone()
+            .member_update(id, urls.to_vec())
             .await
             .map(drop)
             .map_err(|e| with_id(classify(&self.endpoint, e), id))

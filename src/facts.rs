@@ -414,10 +414,11 @@ pub enum ActionKind {
     SetAside,
     Wait,
     Recover,
+    UpdatePeerUrls,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 8] = [
+    pub const ALL: [ActionKind; 9] = [
         ActionKind::Restart,
         ActionKind::Bootstrap,
         ActionKind::Join,
@@ -426,6 +427,7 @@ impl ActionKind {
         ActionKind::SetAside,
         ActionKind::Wait,
         ActionKind::Recover,
+        ActionKind::UpdatePeerUrls,
     ];
 
     /// The name users see in logs, metrics and `init --dry-run`.
@@ -439,6 +441,7 @@ impl ActionKind {
             ActionKind::SetAside => "set-aside",
             ActionKind::Wait => "wait",
             ActionKind::Recover => "recover",
+            ActionKind::UpdatePeerUrls => "update-peer-urls",
         }
     }
 }

@@ -34,6 +34,7 @@ pub enum Op {
     AddLearner,
     Remove,
     Promote,
+    UpdatePeerUrls,
 }
 
 /// One call the code under test made, in order.
@@ -421,6 +422,20 @@ impl Etcd for FakeMember {
             if s.members.len() == before {
                 return Err(EtcdError::MemberNotFound { id });
             }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn update_peer_urls(&self, id: u64, urls: &[String]) -> Result<(), EtcdError> {
+        self.call(Op::UpdatePeerUrls, Some(format!("{id:x}")), |s, e| {
+            s.voter_with_leader(e)?;
+            let m = s
+                .members
+                .iter_mut()
+                .find(|m| m.info.id == id)
+                .ok_or(EtcdError::MemberNotFound { id })?;
+            m.info.peer_urls = urls.to_vec();
             Ok(())
         })
         .await

@@ -432,6 +432,37 @@ fn without_a_readable_wal_tail_nothing_is_forced() {
     assert_eq!(decide(&f).action, Action::Restart);
 }
 
+#[test]
+fn a_member_listed_under_its_old_peer_url_is_updated_not_replaced() {
+    let mut old = started_voter(0xa1, 1);
+    old.peer_urls = vec!["http://etcd-1.old-service.default.svc.cluster.local:2380".into()];
+    let f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        cluster: healthy(vec![old, started_voter(0xb2, 0)]),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::UpdatePeerUrls {
+            member: 0xa1,
+            via: via()
+        },
+        "{}",
+        d.reason()
+    );
+    assert_reason(
+        &d,
+        &["old-service", "MemberUpdate", "keeping its ID and data"],
+    );
+    // Once updated, a plain restart.
+    let f = Facts {
+        cluster: healthy(vec![started_voter(0xa1, 1), started_voter(0xb2, 0)]),
+        ..f
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
 fn left(member_id: u64) -> Option<LeftMarker> {
     Some(LeftMarker { ts: 1, member_id })
 }
@@ -1875,6 +1906,7 @@ mod invariants {
             "foreign-cluster",
             "removed-member",
             "not-a-member",
+            "update-peer-urls",
             "wait",
         ]
         .into_iter()
@@ -1899,8 +1931,14 @@ mod invariants {
                 .prop_map(|(f, wal)| Facts { data: DataDirState { wal, ..f.data.clone() }, ..f })
         ) {
             let d = decide(&f);
+            // Updating the peer URL of this volume's own member (listed by its ID) keeps
+            // the member: no member is added or removed.
+            let own_entry_updated = match (&d.action, f.data.wal_identity()) {
+                (Action::UpdatePeerUrls { member, .. }, Some(w)) => *member == w.member_id,
+                _ => false,
+            };
             prop_assert!(
-                matches!(d.action, Action::Restart | Action::SetAside { .. } | Action::Wait),
+                matches!(d.action, Action::Restart | Action::SetAside { .. } | Action::Wait) || own_entry_updated,
                 "{:?}: {}", d.action, d.reason()
             );
         }

@@ -194,6 +194,23 @@ pub async fn act<C: Connector>(
             }
             Ok(Next::LookAgain(Pause::Now))
         }
+        Action::UpdatePeerUrls { member, via } => {
+            let failed = |source| ActError::Membership {
+                action: d.action.kind(),
+                via: via.host.clone(),
+                source,
+            };
+            let m = connector
+                .connect(&via.host, via.ip, cfg.identity.client_port)
+                .await
+                .map_err(failed)?;
+            m.update_peer_urls(*member, std::slice::from_ref(&facts.peer_url))
+                .await
+                .map_err(failed)?;
+            tracing::warn!(member_id = %format!("{member:x}"), peer_url = %facts.peer_url, via = %via.host, "member entry updated to this pod's peer URL (MemberUpdate); restarting etcd on its data next");
+            record(dir, d, now)?;
+            Ok(Next::LookAgain(Pause::Now))
+        }
         Action::Join { via } | Action::Replace { via, .. } => {
             let failed = |source| ActError::Membership {
                 action: d.action.kind(),

@@ -114,6 +114,9 @@ pub enum Action {
         commit: u64,
         first: bool,
     },
+    /// The cluster lists this member under another peer URL (the service renamed, peer TLS
+    /// switched on): ask `via` to update it (MemberUpdate); the member keeps its ID and data.
+    UpdatePeerUrls { member: u64, via: Endpoint },
 }
 
 impl Action {
@@ -127,6 +130,7 @@ impl Action {
             Action::SetAside { .. } => ActionKind::SetAside,
             Action::Wait => ActionKind::Wait,
             Action::Recover { .. } => ActionKind::Recover,
+            Action::UpdatePeerUrls { .. } => ActionKind::UpdatePeerUrls,
         }
     }
 
@@ -263,6 +267,11 @@ pub enum Why {
     LeftAndRemoved {
         member: u64,
     },
+    PeerUrlChanged {
+        member: u64,
+        listed: Vec<String>,
+        now: String,
+    },
     LeaveNotDone {
         member: u64,
         listed: bool,
@@ -335,6 +344,7 @@ impl std::fmt::Display for Why {
             Why::RecoveryChoseOther { id, survivor } => write!(f, "recovery {id} names this pod as the survivor, but by this pod's own observations {survivor} holds the freshest volume: not acting; run etcd-steward recover again"),
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
+            Why::PeerUrlChanged { member, listed, now } => write!(f, "the cluster lists this pod's member {member:x} at {}, but its peer URL is now {now}: the member entry is updated (MemberUpdate), keeping its ID and data, then etcd restarts", listed.join(", ")),
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
@@ -488,21 +498,34 @@ fn decide_with_data(f: &Facts) -> Decision {
                 cluster: view.cluster_id,
             },
         ),
-        Some(wal) if view.members.iter().any(|m| m.id == wal.member_id) => decision(
-            Action::Restart,
-            Why::OwnMemberListed {
-                member: wal.member_id,
-            },
-        ),
-        Some(wal) => decision(
-            Action::SetAside {
-                why: SetAsideWhy::RemovedMember,
-            },
-            Why::MemberRemoved {
-                member: wal.member_id,
-                cluster: view.cluster_id,
-            },
-        ),
+        Some(wal) => match view.members.iter().find(|m| m.id == wal.member_id) {
+            Some(m) if !m.peer_urls.contains(&f.peer_url) => decision(
+                Action::UpdatePeerUrls {
+                    member: m.id,
+                    via: view.source.clone(),
+                },
+                Why::PeerUrlChanged {
+                    member: m.id,
+                    listed: m.peer_urls.clone(),
+                    now: f.peer_url.clone(),
+                },
+            ),
+            Some(_) => decision(
+                Action::Restart,
+                Why::OwnMemberListed {
+                    member: wal.member_id,
+                },
+            ),
+            None => decision(
+                Action::SetAside {
+                    why: SetAsideWhy::RemovedMember,
+                },
+                Why::MemberRemoved {
+                    member: wal.member_id,
+                    cluster: view.cluster_id,
+                },
+            ),
+        },
         None if listed_by_url => decision(Action::Restart, Why::UnreadableWalButListed),
         None => decision(
             Action::SetAside {

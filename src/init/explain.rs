@@ -97,6 +97,10 @@ pub fn decision_json(f: &Facts, d: &Decision) -> Value {
         Action::Replace { stale, .. } => out["stale_member_id"] = json!(format!("{:x}", stale.id)),
         Action::SetAside { why } => out["set_aside"] = json!(why),
         Action::Join { via } => out["via"] = json!(via.host),
+        Action::UpdatePeerUrls { member, via } => {
+            out["member_id"] = json!(format!("{member:x}"));
+            out["via"] = json!(via.host);
+        }
         Action::Recover { id, commit, .. } => {
             out["recovery"] = json!(id);
             out["commit_index"] = json!(commit);

@@ -1,0 +1,58 @@
+//! A pod whose advertised peer URL changed (here its peer port; on Kubernetes a renamed
+//! service, or peer TLS switched on: http → https) comes back as the same member: its entry
+//! is updated (MemberUpdate), never replaced. Real etcd 3.5.1 and 3.4.23 on loopback pods.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use harness::loopback::Set;
+use harness::Etcd;
+
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.start_all(WAIT).await.unwrap();
+    set.put_keys("k", 40).await.unwrap();
+    let id = set.member_id(2).await.unwrap();
+    set.kill_processes(2).await;
+    set.extra_args = vec!["--peer-port=2390".into()];
+    set.start_sidecar(2).unwrap();
+    set.start_init(2).unwrap();
+    set.extra_args.clear();
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    assert_eq!(set.member_id(2).await.unwrap(), id, "the same member");
+    let members = set.members(0).await.unwrap();
+    let m = members.iter().find(|m| m.id() == id).unwrap();
+    assert!(
+        m.peer_urls().iter().all(|u| u.ends_with(":2390")),
+        "{:?}",
+        m.peer_urls()
+    );
+    assert_eq!(members.len(), 3);
+    assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 40);
+    assert!(
+        !set.data_dir(2).join("set-aside").exists(),
+        "nothing set aside"
+    );
+    assert!(
+        set.decisions(2)
+            .iter()
+            .any(|d| d.contains("update-peer-urls")),
+        "{:?}",
+        set.decisions(2)
+    );
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_url_change_3_5() {
+    a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(Etcd::V3_5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_url_change_3_4() {
+    a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(Etcd::V3_4).await;
+}
