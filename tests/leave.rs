@@ -133,3 +133,8 @@ async fn leave_and_rejoin_3_5() {
 async fn leave_and_rejoin_3_4() {
     a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(Etcd::V3_4).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leave_and_rejoin_3_5_current() {
+    a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(Etcd::V3_5Current).await;
+}

@@ -56,3 +56,8 @@ async fn peer_url_change_3_5() {
 async fn peer_url_change_3_4() {
     a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(Etcd::V3_4).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_url_change_3_5_current() {
+    a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(Etcd::V3_5Current).await;
+}

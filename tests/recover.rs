@@ -580,6 +580,14 @@ macro_rules! scenarios {
                 }
             )*
         }
+        mod etcd_3_5_current {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Etcd::V3_5Current).await;
+                }
+            )*
+        }
     };
 }
 

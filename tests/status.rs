@@ -93,3 +93,8 @@ async fn status_3_5() {
 async fn status_3_4() {
     status_shows_every_member_and_what_is_down(Etcd::V3_4).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_3_5_current() {
+    status_shows_every_member_and_what_is_down(Etcd::V3_5Current).await;
+}
