@@ -476,9 +476,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
                     }
                 }
             }
-            "recover" => {
-                recover::run(&env, recover_bytes, cli.recover_runs, &mut recoveries).await
-            }
+            "recover" => recover::run(&env, recover_bytes, cli.recover_runs, &mut recoveries).await,
             _ => unreachable!("listed in SCENARIOS"),
         };
         match result {

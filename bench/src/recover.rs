@@ -87,11 +87,7 @@ pub async fn run(env: &Env, bytes: u64, runs: usize, done: &mut Vec<Run>) -> Res
                 Kind::Plain => plain(&mut set, survivor).await,
             }
             .with_context(|| {
-                format!(
-                    "{kind:?} run {} (logs in {})",
-                    r + 1,
-                    set.root().display()
-                )
+                format!("{kind:?} run {} (logs in {})", r + 1, set.root().display())
             })?;
             verify(&set, keys).await?;
             ev.run = r + 1;
@@ -118,7 +114,9 @@ fn figures(label: &str, keys: u64, runs: &[Run]) -> Vec<Figure> {
     let plain: Vec<&Run> = runs.iter().filter(|r| r.kind == "plain").collect();
     let by_hand = "by hand: SIGKILL, `--force-new-cluster`, each wiped member added as a learner, started, promoted, one after the other, every step retried every 5 ms";
     let mut fig = Figure::new(
-        format!("11. Recovery, {label} of keys, 2 of 3 volumes lost: `recover --yes` → 3 ready voters"),
+        format!(
+            "11. Recovery, {label} of keys, 2 of 3 volumes lost: `recover --yes` → 3 ready voters"
+        ),
         "s",
         Target::RatioAtMost(1.2),
     )
