@@ -19,7 +19,7 @@
 //!
 //! `--only recover --section recover`: a majority of volumes lost (issue 11), `recover
 //! --yes` against the manual runbook on a set holding `--recover-size`; likewise only when
-//! named (a minute or more to load 1 GiB, ~6 minutes in all), and in the smoke run.
+//! named (1–3 minutes to load 1 GiB, ~7 minutes in all), and in the smoke run.
 
 mod backup;
 mod env;
