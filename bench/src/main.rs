@@ -16,6 +16,10 @@
 //! `--only backup-crypt --section backup-crypt`: what encrypting the backups costs (issue
 //! 15), the same snapshot of `--backup-size` with and without encryption, paired; likewise
 //! only when named, and in the smoke run.
+//!
+//! `--only recover --section recover`: a majority of volumes lost (issue 11), `recover
+//! --yes` against the manual runbook on a set holding `--recover-size`; likewise only when
+//! named (1–3 minutes to load 1 GiB, ~7 minutes in all), and in the smoke run.
 
 mod backup;
 mod env;
@@ -25,6 +29,7 @@ mod health;
 mod image;
 mod load;
 mod plot;
+mod recover;
 mod replacement;
 mod report;
 mod restart;
@@ -52,10 +57,11 @@ const SCENARIOS: &[&str] = &[
     "footprint",
     "backup",
     "backup-crypt",
+    "recover",
 ];
 
 /// Run only when named in `--only` (and in the smoke run).
-const NOT_BY_DEFAULT: &[&str] = &["backup", "backup-crypt"];
+const NOT_BY_DEFAULT: &[&str] = &["backup", "backup-crypt", "recover"];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -102,8 +108,14 @@ struct Cli {
     /// Backup: runs of the snapshot and of the restore figure (backup-crypt: of each pair).
     #[arg(long, default_value_t = 3)]
     backup_runs: usize,
+    /// Recover: bytes of keys in the set that loses 2 of its 3 volumes.
+    #[arg(long, default_value = "1G")]
+    recover_size: String,
+    /// Recover: paired runs (agent and manual runbook, alternating which goes first).
+    #[arg(long, default_value_t = 3)]
+    recover_runs: usize,
     /// Only these scenarios (image, startup, formation, restart, replacement, health,
-    /// footprint; backup and backup-crypt run only when named here).
+    /// footprint; backup, backup-crypt and recover run only when named here).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Where to write the report; default BENCHMARKS.md (smoke: target/bench-smoke/).
@@ -139,6 +151,8 @@ struct Results<'a> {
     figures: &'a [Figure],
     failures: &'a [String],
     traces: &'a [replacement::Trace],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    recoveries: &'a [recover::Run],
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -249,6 +263,8 @@ async fn run(mut cli: Cli) -> Result<bool> {
         cli.startup_runs = 3;
         cli.backup_size = "4M".into();
         cli.backup_runs = 1;
+        cli.recover_size = "4M".into();
+        cli.recover_runs = 1;
         std::fs::create_dir_all(&scratch)?;
     }
     let pick = |given: &Option<PathBuf>, full: PathBuf, smoke: &str| {
@@ -292,6 +308,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
         .map(|s| parse_size(s))
         .collect::<Result<_>>()?;
     let backup_bytes = parse_size(&cli.backup_size)?;
+    let recover_bytes = parse_size(&cli.recover_size)?;
     let etcd = cli
         .etcd_bin
         .clone()
@@ -364,11 +381,19 @@ async fn run(mut cli: Cli) -> Result<bool> {
             cli.backup_runs
         ));
     }
+    if only.iter().any(|s| s == "recover") {
+        settings.push_str(&format!(
+            "; recover: a three-pod set holding {}, {} paired runs (agent, manual runbook), 2 of 3 volumes wiped in each",
+            replacement::size_label(recover_bytes),
+            cli.recover_runs
+        ));
+    }
     eprintln!("bench: {settings}");
 
     let mut figures: Vec<Figure> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     let mut traces: Vec<replacement::Trace> = Vec::new();
+    let mut recoveries: Vec<recover::Run> = Vec::new();
     let started = std::time::Instant::now();
     for scenario in SCENARIOS.iter().filter(|s| only.iter().any(|o| o == *s)) {
         let t = std::time::Instant::now();
@@ -451,6 +476,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
                     }
                 }
             }
+            "recover" => recover::run(&env, recover_bytes, cli.recover_runs, &mut recoveries).await,
             _ => unreachable!("listed in SCENARIOS"),
         };
         match result {
@@ -504,6 +530,7 @@ async fn run(mut cli: Cli) -> Result<bool> {
             figures: &figures,
             failures: &failures,
             traces: &traces,
+            recoveries: &recoveries,
         })?,
     )?;
     println!("{}", stats::TABLE_HEADER);

@@ -499,9 +499,14 @@ impl Set {
 
     /// Starts a plain etcd for pod `o` (a new start of the pod).
     pub fn start_plain(&mut self, o: u32, start: &PlainStart) -> Result<()> {
+        self.start_plain_with(o, start, &[])
+    }
+
+    /// As [`Self::start_plain`], with more etcd flags (e.g. `--force-new-cluster`).
+    pub fn start_plain_with(&mut self, o: u32, start: &PlainStart, extra: &[&str]) -> Result<()> {
         self.pod_mut(o).incarnation += 1;
         let mut cmd = procs::in_pod_namespace(&self.root_path.join("resolv.conf"), &self.etcd);
-        cmd.args(self.plain_args(o, start));
+        cmd.args(self.plain_args(o, start)).args(extra);
         let (out, err) = self.log_files(o, "etcd")?;
         cmd.stdout(out).stderr(err);
         let child = procs::spawn(cmd, &self.etcd)?;
@@ -519,6 +524,19 @@ impl Set {
         self.kind = Kind::Plain;
         for o in 0..self.replicas {
             self.start_plain(o, &PlainStart::New)?;
+        }
+        Ok(())
+    }
+
+    /// Turns a plain set back into an agent one on the same data: every pod is killed and
+    /// started again with the agent (sidecar + init, which finds its data and execs etcd).
+    pub async fn become_agent(&mut self) -> Result<()> {
+        for o in 0..self.replicas {
+            self.kill_processes(o).await;
+        }
+        self.kind = Kind::Agent;
+        for o in 0..self.replicas {
+            self.start(o)?;
         }
         Ok(())
     }
