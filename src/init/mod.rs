@@ -111,13 +111,22 @@ where
                 }
             },
         };
+        // While an operator's recovery or restore is under way, the cluster changes within
+        // seconds: look again often instead of at the back-off's (up to 5 s) pace.
+        let requested = facts.recovery_request.is_some() || facts.restore_request.is_some();
         match pause {
             Pause::Now => {}
             Pause::For(p) => tokio::time::sleep(p).await,
+            Pause::Backoff if requested => {
+                tokio::time::sleep(backoff.next_delay().min(LOOK_DURING_REQUEST)).await
+            }
             Pause::Backoff => tokio::time::sleep(backoff.next_delay()).await,
         }
     }
 }
+
+/// The longest wait between two rounds while a recovery or restore request is held.
+const LOOK_DURING_REQUEST: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn exec(init: &InitConfig, mode: &StartMode) -> Outcome {
     Outcome::Exec {
