@@ -36,6 +36,10 @@ pub async fn execute<D: Dns, C: Connector>(
             Ok(local) => local.remove(*id).await,
             Err(e) => Err(e),
         },
+        Step::UpdatePeerUrls { id, url } => match conn.local().await {
+            Ok(local) => local.update_peer_urls(*id, std::slice::from_ref(url)).await,
+            Err(e) => Err(e),
+        },
     };
     let outcome = match result {
         Ok(()) => Outcome::Done(step),
@@ -65,11 +69,21 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::RemoveLearner { id }, error) => {
             tracing::warn!(member_id = %format!("{id:x}"), %error, "could not remove stalled learner; retrying");
         }
+        Outcome::Done(Step::UpdatePeerUrls { id, url }) => {
+            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, "the cluster listed this member at another peer URL: entry updated (MemberUpdate), same member ID and data");
+        }
+        Outcome::Failed(Step::UpdatePeerUrls { id, url }, error) => {
+            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, %error, "could not update this member's peer URL; retrying");
+        }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
-        Outcome::Moot(Step::RemoveLearner { .. } | Step::BackupRound)
-        | Outcome::NotYet(Step::RemoveLearner { .. } | Step::BackupRound) => {}
+        Outcome::Moot(
+            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+        )
+        | Outcome::NotYet(
+            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+        ) => {}
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod evict;
+pub mod peer_url;
 pub mod promote;
 
 use std::fmt;
@@ -22,6 +23,8 @@ pub enum Step {
     Promote { id: u64, via: String, why: Why },
     /// Remove learner `id` through the local member (this pod's member leads).
     RemoveLearner { id: u64 },
+    /// Update this member's peer URLs to `url` through the local member (MemberUpdate).
+    UpdatePeerUrls { id: u64, url: String },
     /// Start a backup round (take if due → prune → drill) in the background; it reports
     /// back through the observation of a later tick (`Observation::backup_rounds`).
     BackupRound,
@@ -83,6 +86,7 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
     let mut planners: Vec<Box<dyn Planner>> = vec![
         Box::new(promote::Promote::new(registry)),
         Box::new(evict::Evict::new(cfg.learner_stall_timeout, registry)),
+        Box::new(peer_url::PeerUrl::default()),
     ];
     if let Some(b) = &cfg.backup {
         planners.push(Box::new(backup::Backup::new(b.interval, registry)));
