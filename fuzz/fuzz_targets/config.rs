@@ -25,6 +25,21 @@ fuzz_target!(|data: &[u8]| {
             Command::Backup(b) => {
                 let _ = b.common.validate();
             }
+            Command::Recover(r) => {
+                let _ = r.common.validate();
+            }
+            Command::Restore(r) => {
+                let _ = r.common.validate();
+            }
+            Command::Status(s) => {
+                let _ = s.common.validate();
+            }
+            Command::Leave(l) => {
+                let _ = l.common.validate();
+            }
+            Command::Rejoin(r) => {
+                let _ = r.common.validate();
+            }
             Command::Install(_) => {}
         }
     }
