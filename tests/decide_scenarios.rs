@@ -507,11 +507,20 @@ fn restore_request() -> RestoreRequest {
     }
 }
 
+/// The store, as this pod listed it while a restore request names `names[0]`.
+fn store_listing(names: &[&str]) -> BackupFacts {
+    BackupFacts::Listed {
+        wanted: RestoreWanted::Named(restore_request().snapshot),
+        snapshots: names.iter().map(|n| snapshot(n, true)).collect(),
+    }
+}
+
 #[test]
 fn a_restore_request_sets_a_live_members_data_aside_once() {
     let mut f = Facts {
         data: wal_of(0xa1, CLUSTER),
         restore_request: Some(restore_request()),
+        backups: store_listing(&["20261124T100000Z-r42"]),
         ..facts()
     };
     f.cluster = healthy(vec![started_voter(0xa1, 1), started_voter(0xb2, 0)]);
@@ -526,6 +535,30 @@ fn a_restore_request_sets_a_live_members_data_aside_once() {
     // Set aside and re-formed for this request: restarted normally, never set aside again.
     f.data.restored_for = Some("restore-1".into());
     assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_restore_request_for_a_snapshot_this_pod_cannot_see_leaves_the_data_in_place() {
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        restore_request: Some(restore_request()),
+        ..facts()
+    };
+    f.cluster = healthy(vec![started_voter(0xa1, 1), started_voter(0xb2, 0)]);
+    // The store does not list it, cannot be listed, or backups are not configured here.
+    for backups in [
+        store_listing(&["20261124T090000Z-r40"]),
+        BackupFacts::Unreachable {
+            error: "timed out".into(),
+        },
+        BackupFacts::Off,
+    ] {
+        let f = Facts {
+            backups: backups.clone(),
+            ..f.clone()
+        };
+        assert_eq!(decide(&f).action, Action::Restart, "{backups:?}");
+    }
 }
 
 #[test]

@@ -408,9 +408,15 @@ pub fn decide(f: &Facts) -> Decision {
     let restoring = f.restore_request.as_ref();
     let d = match restoring {
         // Restoring the live cluster to a snapshot: data not yet set aside for this
-        // request goes aside; an empty volume takes part in the new formation only (it
-        // never joins the cluster that is being replaced).
-        Some(r) if f.data.has_data() && f.data.restored_for.as_deref() != Some(r.id.as_str()) => {
+        // request goes aside, but only once this pod's own look at the store shows the
+        // snapshot usable (no proof, no action: the data stays and etcd restarts on it);
+        // an empty volume takes part in the new formation only (it never joins the
+        // cluster that is being replaced).
+        Some(r)
+            if f.data.has_data()
+                && f.data.restored_for.as_deref() != Some(r.id.as_str())
+                && restore_choice(f).is_ok_and(|s| s.as_deref() == Some(r.snapshot.as_str())) =>
+        {
             decision(
                 Action::SetAside {
                     why: SetAsideWhy::RestoreRequested,

@@ -187,7 +187,13 @@ where
                 Err(e) => data.notes.push(format!("WAL tail unreadable: {e}")),
             }
         }
-        let may_form = !data.has_data() && matches!(cluster, ClusterFacts::NotReached { .. });
+        // A restore request this volume has not acted on: its data goes aside only once
+        // the store shows the snapshot usable, so the store is asked.
+        let restore_pending = restore_request
+            .as_ref()
+            .is_some_and(|r| data.restored_for.as_deref() != Some(r.id.as_str()));
+        let may_form = restore_pending
+            || (!data.has_data() && matches!(cluster, ClusterFacts::NotReached { .. }));
         let backups = self.backups(may_form, restore_request.as_ref()).await;
         Ok(Facts {
             ordinal: id.ordinal,
@@ -209,7 +215,8 @@ where
     }
 
     /// What the backup store offers: asked only when a new cluster may have to be formed
-    /// (this volume empty, no cluster answering), as the list costs a request per snapshot.
+    /// (this volume empty, no cluster answering, or a restore request pending), as the list
+    /// costs a request per snapshot.
     async fn backups(&self, may_form: bool, restore: Option<&RestoreRequest>) -> BackupFacts {
         let (Some(store), Some(b)) = (&self.store, &self.cfg.backup) else {
             return BackupFacts::Off;

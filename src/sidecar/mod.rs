@@ -112,7 +112,7 @@ impl RecoveryDuty {
                 ),
             });
         };
-        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
+        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume", false);
         Some(text)
     }
 
@@ -124,7 +124,7 @@ impl RecoveryDuty {
             .as_ref()
             .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
         if pending {
-            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
+            self.stop_etcd(&r.id, "the cluster is restored to a snapshot", true)
         } else {
             format!(
                 "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
@@ -133,13 +133,14 @@ impl RecoveryDuty {
         }
     }
 
-    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
-        let text = match self.stopper.stop() {
+    fn stop_etcd(&mut self, id: &str, why: &str, once: bool) -> String {
+        let text = match self.stopper.stop(id, once) {
             recovery::Stop::Signalled(pid) => {
                 tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
                 format!("{id}: {why}; etcd stopped, init starts it again")
             }
             recovery::Stop::CoolingDown => format!("{id}: {why}; waiting for etcd to restart"),
+            recovery::Stop::Done => format!("{id}: {why}; etcd was stopped once for it, init decides"),
             recovery::Stop::NotVisible => format!(
                 "{id}: {why}, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
                 self.data_dir.display()

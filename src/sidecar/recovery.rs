@@ -21,7 +21,7 @@ use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
 /// How long a request is held: long enough for kubelet to restart a container, short
 /// enough never to act on a later, different outage.
 pub const REQUEST_TTL: Duration = Duration::from_secs(15 * 60);
-/// Between two attempts to stop etcd (a container restart takes a few seconds).
+/// Between two looks for an etcd process that was not visible.
 const STOP_COOLDOWN: Duration = Duration::from_secs(20);
 /// How often `--auto-recover-after` looks.
 const AUTO_LOOK: Duration = Duration::from_secs(2);
@@ -193,16 +193,21 @@ pub enum Stop {
     Signalled(i32),
     /// Not attempted: the last attempt was too recent.
     CoolingDown,
+    /// Not attempted: etcd was already stopped once for this restore request; `init`
+    /// decides from there (it may find the request unfounded and start etcd again).
+    Done,
     /// No etcd process for this volume is visible (not running, or not in this
     /// process namespace).
     NotVisible,
     Failed(String),
 }
 
-/// Stops this pod's etcd for a recovery, at most once per [`STOP_COOLDOWN`].
+/// Stops this pod's etcd for a request, at most once per [`STOP_COOLDOWN`]; with `once`,
+/// never again for the same request after a signal went out.
 pub struct Stopper {
     data_dir: PathBuf,
     last: Option<Instant>,
+    signalled_for: Option<String>,
 }
 
 impl Stopper {
@@ -210,22 +215,32 @@ impl Stopper {
         Stopper {
             data_dir: data_dir.to_path_buf(),
             last: None,
+            signalled_for: None,
         }
     }
 
-    pub fn stop(&mut self) -> Stop {
+    /// Stops etcd for request `id`. A recovery asks again while `init` has not recorded it
+    /// (it may have started etcd before it saw the request); a restore asks `once`, since
+    /// `init` may rightly start etcd again on its data (the snapshot unusable from here).
+    pub fn stop(&mut self, id: &str, once: bool) -> Stop {
+        if once && self.signalled_for.as_deref() == Some(id) {
+            return Stop::Done;
+        }
         if self.last.is_some_and(|t| t.elapsed() < STOP_COOLDOWN) {
             return Stop::CoolingDown;
         }
+        self.last = Some(Instant::now());
         let Some(pid) = find_etcd(&self.data_dir) else {
             return Stop::NotVisible;
         };
-        self.last = Some(Instant::now());
         let Some(p) = rustix::process::Pid::from_raw(pid) else {
             return Stop::Failed(format!("{pid} is not a pid"));
         };
         match rustix::process::kill_process(p, rustix::process::Signal::TERM) {
-            Ok(()) => Stop::Signalled(pid),
+            Ok(()) => {
+                self.signalled_for = Some(id.to_string());
+                Stop::Signalled(pid)
+            }
             Err(e) => Stop::Failed(format!("SIGTERM to etcd (pid {pid}): {e}")),
         }
     }
