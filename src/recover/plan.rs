@@ -273,22 +273,29 @@ pub fn plan_pods(
 /// answering that their volumes are empty: proof of loss. Silence, an unreachable pod or a
 /// partition give no plan; pods merely down give none either.
 pub fn automatic(f: &Facts) -> Result<Plan, String> {
-    let p = plan(f, &[], None).map_err(|r| r.to_string())?;
-    if p.survivor != f.name {
+    if let ClusterFacts::Healthy(_) = &f.cluster {
+        return plan(f, &[], None).map_err(|r| r.to_string());
+    }
+    automatic_pods(&pods_of(f), f.replicas, &f.name)
+}
+
+/// [`automatic`] once it is known that no cluster has quorum: `me` is this pod.
+pub fn automatic_pods(pods: &[Pod], replicas: u32, me: &str) -> Result<Plan, String> {
+    let p = plan_pods(pods, &[], None).map_err(|r| r.to_string())?;
+    if p.survivor != me {
         return Err(format!(
             "{} holds the freshest volume, not this pod",
             p.survivor
         ));
     }
-    let empty = pods_of(f)
+    let empty = pods
         .iter()
-        .filter(|p| p.ordinal < f.replicas && p.holding == Holding::Empty)
+        .filter(|p| p.ordinal < replicas && p.holding == Holding::Empty)
         .count();
-    let majority = f.replicas as usize / 2 + 1;
+    let majority = replicas as usize / 2 + 1;
     if empty < majority {
         return Err(format!(
-            "{empty} of the {} initial pods answered with an empty volume; only a majority ({majority}) proves the loss",
-            f.replicas
+            "{empty} of the {replicas} initial pods answered with an empty volume; only a majority ({majority}) proves the loss"
         ));
     }
     Ok(p)
@@ -416,6 +423,41 @@ mod tests {
             plan_pods(&pods, &[], None),
             Err(Refusal::MixedClusters { .. })
         ));
+    }
+
+    #[test]
+    fn automatic_recovery_needs_a_majority_of_empty_volumes_and_this_pod_as_survivor() {
+        // Five pods: the freshest volume here, two older survivors, two empty: a plan, but
+        // no proof of loss (two empty of five is no majority).
+        let pods = [
+            pod(0, log(90, 3, 90)),
+            pod(1, log(80, 3, 80)),
+            pod(2, log(70, 3, 70)),
+            pod(3, Holding::Empty),
+            pod(4, Holding::Empty),
+        ];
+        assert!(plan_pods(&pods, &[], None).is_ok());
+        let no_proof = automatic_pods(&pods, 5, "etcd-0");
+        assert!(
+            no_proof
+                .as_ref()
+                .is_err_and(|why| why.contains("only a majority (3)")),
+            "{no_proof:?}"
+        );
+        // Three of five empty: the loss is proven, and only the survivor acts.
+        let pods = [
+            pod(0, log(90, 3, 90)),
+            pod(1, log(80, 3, 80)),
+            pod(2, Holding::Empty),
+            pod(3, Holding::Empty),
+            pod(4, Holding::Empty),
+        ];
+        assert!(automatic_pods(&pods, 5, "etcd-0").is_ok());
+        assert!(automatic_pods(&pods, 5, "etcd-1").is_err());
+        // A silent pod is never taken as lost.
+        let mut silent = pods.clone();
+        silent[4].holding = Holding::Unknown("no answer".into());
+        assert!(automatic_pods(&silent, 5, "etcd-0").is_err());
     }
 
     #[test]

@@ -49,3 +49,67 @@ impl Planner for PeerUrl {
         }]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::MemberStatus;
+    use crate::facts::MemberInfo;
+    use crate::sidecar::health::LocalObservation;
+    use crate::sidecar::observe::{JournalView, Observation};
+
+    const NEW: &str = "https://etcd-1.etcd.default.svc.cluster.local:2380";
+
+    fn seen(now: Instant, leader: u64, listed_at: &str) -> Observation {
+        let member = |id: u64, url: &str| MemberInfo {
+            id,
+            name: format!("m{id}"),
+            peer_urls: vec![url.into()],
+            client_urls: vec!["http://x:2379".into()],
+            is_learner: false,
+        };
+        Observation {
+            now,
+            local: LocalObservation {
+                serializable: Ok(()),
+                peer_api: None,
+                status: Ok(MemberStatus {
+                    member_id: 1,
+                    leader,
+                    ..Default::default()
+                }),
+                linearizable: Some(Ok(())),
+                leader_index: None,
+            },
+            members: Some(vec![member(1, listed_at), member(2, "http://other:2380")]),
+            own_peer_url: NEW.into(),
+            learners: vec![],
+            joining: None,
+            journal: JournalView::default(),
+            previous: Vec::new(),
+            backup_rounds: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_at_an_old_url_is_updated_once_per_retry_period_and_only_with_a_leader() {
+        let old = "http://etcd-1.etcd.default.svc.cluster.local:2380";
+        let mut p = PeerUrl::default();
+        let t = Instant::now();
+        assert!(
+            p.plan(&seen(t, 0, old)).is_empty(),
+            "no leader: no quorum to ask"
+        );
+        let update = vec![Step::UpdatePeerUrls {
+            id: 1,
+            url: NEW.into(),
+        }];
+        assert_eq!(p.plan(&seen(t, 2, old)), update);
+        assert!(p.plan(&seen(t + Duration::from_secs(1), 2, old)).is_empty());
+        assert_eq!(p.plan(&seen(t + RETRY, 2, old)), update);
+        assert!(
+            p.plan(&seen(t + RETRY * 3, 2, NEW)).is_empty(),
+            "listed at its own URL: nothing to do"
+        );
+    }
+}
