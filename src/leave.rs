@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::clock::unix_now;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
@@ -46,13 +47,6 @@ pub fn check(c: &Counts) -> Result<(), String> {
 
 /// How long `leave` retries a removal etcd refuses for now.
 const REMOVE_PATIENCE: Duration = Duration::from_secs(30);
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// How `leave` ended.
 pub enum Left {

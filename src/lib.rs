@@ -7,6 +7,7 @@
 //! bootstrap evidence. `docs/ARCHITECTURE.md` maps each guarantee to its code and test.
 
 pub mod backup;
+pub mod clock;
 pub mod config;
 pub mod dns;
 pub mod etcd;

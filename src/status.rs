@@ -279,12 +279,8 @@ async fn backup_status(cfg: &Config, b: &crate::backup::BackupConfig) -> BackupS
         Ok(list) => {
             s.stored = list.len();
             if let Some(m) = list.first() {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
                 s.newest = Some(m.name.clone());
-                s.newest_age_seconds = Some(now.saturating_sub(m.time_unix));
+                s.newest_age_seconds = Some(crate::clock::unix_now().saturating_sub(m.time_unix));
                 s.newest_verified = Some(m.verified);
             }
         }

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::backup::restore::RestoreError;
 use crate::backup::store::Store;
+use crate::clock::unix_now;
 use crate::config::InitConfig;
 use crate::dns::Dns;
 use crate::etcd::Connector;
@@ -37,13 +38,6 @@ pub enum Outcome {
 
 fn nonce() -> String {
     format!("{:016x}", rand::random::<u64>())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
 }
 
 /// Runs `init` until etcd can be started (or, with `--dry-run`, for one round), on the

@@ -5,20 +5,20 @@
 //! starts it forced, the others join as learners), so the command may be killed at any
 //! step and run again: it finds the recovery under way and follows it.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
 
+use crate::clock::unix_now;
 use crate::config::{Config, RecoverArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RecoveryRequest};
-use crate::http_get;
 use crate::init::observe::{view_from, HttpReports, Observer, PeerReports};
 use crate::volume;
 
 use super::plan::{plan, Plan};
+use super::{POLL, REPOST};
 
 /// How the command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,17 +31,6 @@ pub enum Ended {
     Refused(String),
     /// `--yes`, but the survivor did not serve within `--timeout`.
     TimedOut(String),
-}
-
-const POLL: Duration = Duration::from_secs(1);
-const POST_TIMEOUT: Duration = Duration::from_secs(3);
-const REPOST: Duration = Duration::from_secs(5);
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 /// A recovery under way or done: a volume's marker, with whether its forced start
@@ -117,71 +106,34 @@ where
         return Ok(Ended::Planned);
     }
     println!("{out}");
-    request(&obs, &f, &plan, &args.force_lost).await?;
-    follow(&obs, &f, &plan, &args.force_lost, args.timeout).await
-}
-
-/// Hands the request to every pod whose name resolves; the survivor's sidecar must take it.
-async fn request<D, C, R>(
-    obs: &Observer<D, C, R>,
-    f: &Facts,
-    plan: &Plan,
-    force_lost: &[String],
-) -> anyhow::Result<()>
-where
-    D: Dns + Clone + 'static,
-    C: Connector + Clone + 'static,
-    R: PeerReports + Clone + 'static,
-{
-    let cfg = &obs.cfg;
+    // One request, handed over again unchanged while it is followed.
     let req = RecoveryRequest {
         id: plan.id.clone(),
         survivor: plan.survivor.clone(),
-        force_lost: force_lost.to_vec(),
+        force_lost: args.force_lost.clone(),
         expires_unix: unix_now() + crate::sidecar::recovery::REQUEST_TTL.as_secs(),
     };
-    let body = serde_json::to_vec(&req)?;
-    let (port, tls) = match &cfg.peer_tls {
-        Some(t) => (cfg.peer_report_port, Some(t.client_config())),
-        None => (cfg.http_port, None),
-    };
-    let mut targets: Vec<(u32, Lookup)> = vec![(f.ordinal, f.own_dns.clone())];
-    targets.extend(f.peers.iter().map(|p| (p.ordinal, p.dns.clone())));
+    request(&cfg, &f, &req, true).await?;
+    follow(&obs, &f, &plan, &req, args.timeout).await
+}
+
+/// Hands the request to every pod whose name resolves (saying, with `say`, which took it);
+/// the survivor's sidecar must take it.
+async fn request(cfg: &Config, f: &Facts, req: &RecoveryRequest, say: bool) -> anyhow::Result<()> {
+    let body = serde_json::to_vec(req)?;
     let mut survivor_took = false;
-    for (o, lookup) in targets {
-        let name = cfg.identity.pod_name(o);
-        let Some(ip) = lookup.first() else { continue };
-        let addr = SocketAddr::new(ip, port);
-        let host = cfg.identity.host(o);
-        let r = http_get::post_json(
-            addr,
-            &host,
-            "/peer/recovery",
-            body.clone(),
-            POST_TIMEOUT,
-            tls.as_ref(),
-        )
-        .await;
-        match r {
-            Ok((202, _)) => {
-                survivor_took |= name == plan.survivor;
-                eprintln!(
-                    "{}",
-                    json!({"recovery": plan.id, "pod": name, "request": "held"})
-                );
-            }
-            Ok((status, body)) => eprintln!(
+    for (pod, took) in super::hand_over(cfg, f, "/peer/recovery", &body).await {
+        survivor_took |= took.is_ok() && pod == req.survivor;
+        if say {
+            let answer = took.err().unwrap_or_else(|| "held".into());
+            eprintln!(
                 "{}",
-                json!({"recovery": plan.id, "pod": name, "request": format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim())})
-            ),
-            Err(e) => eprintln!(
-                "{}",
-                json!({"recovery": plan.id, "pod": name, "request": e.to_string()})
-            ),
+                json!({"recovery": req.id, "pod": pod, "request": answer})
+            );
         }
     }
     if !survivor_took {
-        anyhow::bail!("the survivor {}'s sidecar did not take the recovery request; nothing was started (run the command again once it answers)", plan.survivor);
+        anyhow::bail!("the survivor {}'s sidecar did not take the recovery request; nothing was started (run the command again once it answers)", req.survivor);
     }
     Ok(())
 }
@@ -191,7 +143,7 @@ async fn follow<D, C, R>(
     obs: &Observer<D, C, R>,
     f: &Facts,
     plan: &Plan,
-    force_lost: &[String],
+    req: &RecoveryRequest,
     timeout: Duration,
 ) -> anyhow::Result<Ended>
 where
@@ -222,7 +174,7 @@ where
     loop {
         // A sidecar restarted meanwhile has forgotten the request: hand it again.
         if handed.elapsed() >= REPOST {
-            let _ = request(obs, f, plan, force_lost).await;
+            let _ = request(cfg, f, req, false).await;
             handed = tokio::time::Instant::now();
         }
         let state = match tokio::time::timeout(

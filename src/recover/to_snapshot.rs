@@ -6,31 +6,18 @@
 //! sets the data aside, then they form anew from the snapshot), so the command may be
 //! killed and run again: a request held for the same snapshot is continued.
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::backup::Backups;
+use crate::clock::unix_now;
 use crate::config::{Config, SnapshotRestoreArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
-use crate::http_get;
-use crate::init::observe::{HttpReports, Observer, PeerReports};
+use crate::init::observe::{HttpReports, Observer};
 
 use super::command::Ended;
-
-const POLL: Duration = Duration::from_secs(1);
-const POST_TIMEOUT: Duration = Duration::from_secs(3);
-const REPOST: Duration = Duration::from_secs(5);
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+use super::{POLL, REPOST};
 
 /// Every pod of `f` with its report's `restored_for` (`None` for a silent pod).
 fn pods(f: &Facts) -> Vec<(String, Result<Option<String>, String>)> {
@@ -126,7 +113,7 @@ where
         snapshot: m.name.clone(),
         expires_unix: unix_now() + crate::sidecar::recovery::REQUEST_TTL.as_secs(),
     };
-    let took = hand_over(&obs, &f, &request).await?;
+    let took = hand_over(&cfg, &f, &request).await?;
     if took < f.replicas as usize {
         anyhow::bail!("only {took} pods took the restore request; every initial pod must (run the command again)");
     }
@@ -136,7 +123,7 @@ where
     loop {
         tokio::time::sleep(POLL).await;
         if handed.elapsed() >= REPOST {
-            let _ = hand_over(&obs, &f, &request).await;
+            let _ = hand_over(&cfg, &f, &request).await;
             handed = tokio::time::Instant::now();
         }
         let now = obs.observe(String::new()).await?;
@@ -171,40 +158,9 @@ where
     }
 }
 
-/// POSTs the request to every pod whose name resolves; how many took it.
-async fn hand_over<D, C, R>(
-    obs: &Observer<D, C, R>,
-    f: &Facts,
-    request: &RestoreRequest,
-) -> anyhow::Result<usize>
-where
-    D: Dns + Clone + 'static,
-    C: Connector + Clone + 'static,
-    R: PeerReports + Clone + 'static,
-{
-    let cfg = &obs.cfg;
+/// Hands the request to every pod whose name resolves; how many took it.
+async fn hand_over(cfg: &Config, f: &Facts, request: &RestoreRequest) -> anyhow::Result<usize> {
     let body = serde_json::to_vec(request)?;
-    let (port, tls) = match &cfg.peer_tls {
-        Some(t) => (cfg.peer_report_port, Some(t.client_config())),
-        None => (cfg.http_port, None),
-    };
-    let mut targets: Vec<(u32, Lookup)> = vec![(f.ordinal, f.own_dns.clone())];
-    targets.extend(f.peers.iter().map(|p| (p.ordinal, p.dns.clone())));
-    let mut took = 0;
-    for (o, lookup) in targets {
-        let Some(ip) = lookup.first() else { continue };
-        let r = http_get::post_json(
-            SocketAddr::new(ip, port),
-            &cfg.identity.host(o),
-            "/peer/restore",
-            body.clone(),
-            POST_TIMEOUT,
-            tls.as_ref(),
-        )
-        .await;
-        if matches!(r, Ok((202, _))) {
-            took += 1;
-        }
-    }
-    Ok(took)
+    let answers = super::hand_over(cfg, f, "/peer/restore", &body).await;
+    Ok(answers.iter().filter(|(_, took)| took.is_ok()).count())
 }

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::clock::unix_now;
 use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
 
 /// How long a request is held: long enough for kubelet to restart a container, short
@@ -27,13 +28,6 @@ const STOP_COOLDOWN: Duration = Duration::from_secs(20);
 const AUTO_LOOK: Duration = Duration::from_secs(2);
 /// How long a read of the WAL's tail is reused for reports.
 const TAIL_TTL: Duration = Duration::from_secs(2);
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// A request an operator's command hands every sidecar, held until it expires.
 pub trait Expiring: Clone + PartialEq + std::fmt::Debug {
