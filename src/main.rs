@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use etcd_steward::backup::snapshot::{EtcdSource, EtcdTarget};
-use etcd_steward::config::{Cli, Command};
+use etcd_steward::config::{Cli, Command, CommonArgs, Config};
 use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::observe::HttpReports;
@@ -110,21 +110,14 @@ fn main() -> ExitCode {
             )),
         },
         Command::Sidecar(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(async {
-                    let dns = HickoryDns::new(cfg.dns_server)?;
-                    let (tx, rx) = tokio::sync::watch::channel(false);
-                    tokio::spawn(stop_on_sigterm(tx));
-                    let connector = EtcdClientConnector::new(&cfg);
-                    Ok(sidecar::run(cfg, dns, connector, rx).await?)
-                })
+            let result = with_cluster(cfg, |cfg, dns, connector| async move {
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                tokio::spawn(stop_on_sigterm(tx));
+                Ok(sidecar::run(cfg, dns, connector, rx).await?)
             });
             match result {
                 Ok(()) => ExitCode::SUCCESS,
@@ -132,47 +125,22 @@ fn main() -> ExitCode {
             }
         }
         Command::Recover(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(async {
-                    let dns = HickoryDns::new(cfg.dns_server)?;
-                    let connector = EtcdClientConnector::new(&cfg);
-                    recover::command::run(cfg, &args, dns, connector).await
-                })
+            let result = with_cluster(cfg, |cfg, dns, connector| {
+                recover::command::run(cfg, &args, dns, connector)
             });
-            match result {
-                Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
-                Ok(Ended::Refused(why)) => {
-                    eprintln!("etcd-steward: recover refused: {why}");
-                    ExitCode::from(EXIT_REFUSED)
-                }
-                Ok(Ended::TimedOut(why)) => {
-                    eprintln!("etcd-steward: {why}");
-                    ExitCode::from(EXIT_RUNTIME)
-                }
-                Err(e) => fail(&e),
-            }
+            ended(result, "recover")
         }
         Command::Leave(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(async {
-                    let dns = HickoryDns::new(cfg.dns_server)?;
-                    let connector = EtcdClientConnector::new(&cfg);
-                    etcd_steward::leave::leave(cfg, args.yes, dns, connector).await
-                })
+            let result = with_cluster(cfg, |cfg, dns, connector| {
+                etcd_steward::leave::leave(cfg, args.yes, dns, connector)
             });
             match result {
                 Ok(Left::Planned | Left::Done) => ExitCode::SUCCESS,
@@ -184,12 +152,9 @@ fn main() -> ExitCode {
             }
         }
         Command::Rejoin(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
             match etcd_steward::leave::rejoin(&cfg) {
                 Ok(_) => ExitCode::SUCCESS,
@@ -197,19 +162,12 @@ fn main() -> ExitCode {
             }
         }
         Command::Status(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(async {
-                    let dns = HickoryDns::new(cfg.dns_server)?;
-                    let connector = EtcdClientConnector::new(&cfg);
-                    etcd_steward::status::gather(cfg, dns, connector).await
-                })
+            let result = with_cluster(cfg, |cfg, dns, connector| {
+                etcd_steward::status::gather(cfg, dns, connector)
             });
             match result {
                 Ok(s) if args.output == "json" => match serde_json::to_string(&s) {
@@ -227,32 +185,14 @@ fn main() -> ExitCode {
             }
         }
         Command::Restore(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(async {
-                    let dns = HickoryDns::new(cfg.dns_server)?;
-                    let connector = EtcdClientConnector::new(&cfg);
-                    recover::to_snapshot::run(cfg, &args, dns, connector).await
-                })
+            let result = with_cluster(cfg, |cfg, dns, connector| {
+                recover::to_snapshot::run(cfg, &args, dns, connector)
             });
-            match result {
-                Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
-                Ok(Ended::Refused(why)) => {
-                    eprintln!("etcd-steward: restore refused: {why}");
-                    ExitCode::from(EXIT_REFUSED)
-                }
-                Ok(Ended::TimedOut(why)) => {
-                    eprintln!("etcd-steward: {why}");
-                    ExitCode::from(EXIT_RUNTIME)
-                }
-                Err(e) => fail(&e),
-            }
+            ended(result, "restore")
         }
         Command::Backup(args) if args.generate_key => {
             // A new key file on stdout; nothing else is read or written.
@@ -260,12 +200,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Backup(args) => {
-            let cfg = match args.common.validate() {
+            let cfg = match validated(&args.common) {
                 Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
+                Err(code) => return code,
             };
             let Some(backup_cfg) = cfg.backup.clone() else {
                 eprintln!("etcd-steward: backup needs --backup-url (or ETCD_STEWARD_BACKUP_URL)");
@@ -280,6 +217,46 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+    }
+}
+
+/// The shared options validated, or the exit code of a configuration error (said in one
+/// line on stderr).
+fn validated(common: &CommonArgs) -> Result<Config, ExitCode> {
+    common.validate().map_err(|e| {
+        eprintln!("etcd-steward: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+/// Runs `f` on a runtime with this configuration's DNS resolver and etcd connector.
+fn with_cluster<T, F, Fut>(cfg: Config, f: F) -> anyhow::Result<T>
+where
+    F: FnOnce(Config, HickoryDns, EtcdClientConnector) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    runtime().and_then(|rt| {
+        rt.block_on(async {
+            let dns = HickoryDns::new(cfg.dns_server)?;
+            let connector = EtcdClientConnector::new(&cfg);
+            f(cfg, dns, connector).await
+        })
+    })
+}
+
+/// How `recover` or `restore` (`what`) ended, as an exit code.
+fn ended(result: anyhow::Result<Ended>, what: &str) -> ExitCode {
+    match result {
+        Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
+        Ok(Ended::Refused(why)) => {
+            eprintln!("etcd-steward: {what} refused: {why}");
+            ExitCode::from(EXIT_REFUSED)
+        }
+        Ok(Ended::TimedOut(why)) => {
+            eprintln!("etcd-steward: {why}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+        Err(e) => fail(&e),
     }
 }
 

@@ -194,24 +194,7 @@ pub async fn act<C: Connector>(
             }
             Ok(Next::LookAgain(Pause::Now))
         }
-        Action::UpdatePeerUrls { member, via } => {
-            let failed = |source| ActError::Membership {
-                action: d.action.kind(),
-                via: via.host.clone(),
-                source,
-            };
-            let m = connector
-                .connect(&via.host, via.ip, cfg.identity.client_port)
-                .await
-                .map_err(failed)?;
-            m.update_peer_urls(*member, std::slice::from_ref(&facts.peer_url))
-                .await
-                .map_err(failed)?;
-            tracing::warn!(member_id = %format!("{member:x}"), peer_url = %facts.peer_url, via = %via.host, "member entry updated to this pod's peer URL (MemberUpdate); restarting etcd on its data next");
-            record(dir, d, now)?;
-            Ok(Next::LookAgain(Pause::Now))
-        }
-        Action::Join { via } | Action::Replace { via, .. } => {
+        Action::Join { via } | Action::Replace { via, .. } | Action::UpdatePeerUrls { via, .. } => {
             let failed = |source| ActError::Membership {
                 action: d.action.kind(),
                 via: via.host.clone(),
@@ -221,12 +204,22 @@ pub async fn act<C: Connector>(
                 .connect(&via.host, via.ip, cfg.identity.client_port)
                 .await
                 .map_err(failed)?;
-            if let Action::Replace { stale, .. } = &d.action {
-                member.remove(stale.id).await.map_err(failed)?;
-                tracing::warn!(removed = %format!("{:x}", stale.id), via = %via.host, "stale member entry removed; joining as a new learner next");
-            } else {
-                let added = member.add_learner(&facts.peer_url).await.map_err(failed)?;
-                tracing::info!(member_id = %format!("{:x}", added.id), via = %via.host, "added as a learner; starting etcd next");
+            match &d.action {
+                Action::Replace { stale, .. } => {
+                    member.remove(stale.id).await.map_err(failed)?;
+                    tracing::warn!(removed = %format!("{:x}", stale.id), via = %via.host, "stale member entry removed; joining as a new learner next");
+                }
+                Action::UpdatePeerUrls { member: id, .. } => {
+                    member
+                        .update_peer_urls(*id, std::slice::from_ref(&facts.peer_url))
+                        .await
+                        .map_err(failed)?;
+                    tracing::warn!(member_id = %format!("{id:x}"), peer_url = %facts.peer_url, via = %via.host, "member entry updated to this pod's peer URL (MemberUpdate); restarting etcd on its data next");
+                }
+                _ => {
+                    let added = member.add_learner(&facts.peer_url).await.map_err(failed)?;
+                    tracing::info!(member_id = %format!("{:x}", added.id), via = %via.host, "added as a learner; starting etcd next");
+                }
             }
             record(dir, d, now)?;
             Ok(Next::LookAgain(Pause::Now))
