@@ -29,16 +29,6 @@ const LATE: Duration = Duration::from_secs(4);
 /// How much earlier: the schedule reads a manifest's time in whole seconds (`time_unix`).
 const EARLY: Duration = Duration::from_secs(1);
 
-/// etcd's offline tool for `etcd`: etcdutl beside 3.5's binary; etcdctl for 3.4.
-fn tool(etcd: Etcd) -> PathBuf {
-    let bin = etcd.bin();
-    let dir = bin.parent().unwrap();
-    match etcd {
-        Etcd::V3_4 => dir.join("etcdctl"),
-        _ => dir.join("etcdutl"),
-    }
-}
-
 /// Starts pod `o`: its sidecar with the backup options (`backup_args`, the drill's etcd
 /// and tool, its own scratch directory), then its init without them.
 fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
@@ -50,7 +40,7 @@ fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
     set.extra_args.extend([
         format!("--backup-interval={}s", INTERVAL.as_secs()),
         format!("--etcd-bin={}", etcd.bin().display()),
-        format!("--etcdutl-bin={}", tool(etcd).display()),
+        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!("--backup-scratch-dir={}", scratch.display()),
     ]);
     set.start_sidecar(o).unwrap();

@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Output;
 use std::time::Duration;
 
 use harness::loopback::Set;
@@ -12,15 +11,6 @@ use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn steward(set: &Set, o: u32, args: &[&str]) -> Output {
-    tokio::process::Command::new(STEWARD)
-        .args(args)
-        .args(set.common_args(o))
-        .output()
-        .await
-        .unwrap()
-}
 
 /// Polls `check` for up to WAIT, restarting exited etcd containers meanwhile.
 async fn until<F, Fut>(set: &mut Set, what: &str, mut check: F)
@@ -56,7 +46,7 @@ async fn a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(etcd
     set.put_keys("k", 30).await.unwrap();
     let old_id = set.member_id(2).await.unwrap();
 
-    let out = steward(&set, 2, &["leave"]).await;
+    let out = set.steward(2, &["leave"]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -69,7 +59,7 @@ async fn a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(etcd
         "a plan changes nothing"
     );
 
-    let out = steward(&set, 2, &["leave", "--yes"]).await;
+    let out = set.steward(2, &["leave", "--yes"]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -105,7 +95,7 @@ async fn a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(etcd
         set.dump()
     );
 
-    let out = steward(&set, 2, &["rejoin"]).await;
+    let out = set.steward(2, &["rejoin"]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -126,7 +116,7 @@ async fn a_pod_leaves_stays_out_across_restarts_and_rejoins_as_a_new_member(etcd
 
     // Pod 1 gone: pod 0 leaving would leave two voters of which one answers.
     set.kill(1).await.unwrap();
-    let out = steward(&set, 0, &["leave", "--yes"]).await;
+    let out = set.steward(0, &["leave", "--yes"]).await;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("quorum"), "{err}");

@@ -39,13 +39,10 @@ async fn lose_volumes(set: &mut Set, lost: &[u32]) {
 }
 
 async fn recover(set: &Set, o: u32, extra: &[&str]) -> Output {
-    tokio::process::Command::new(STEWARD)
-        .arg("recover")
-        .args(set.common_args(o))
-        .args(extra)
-        .output()
-        .await
-        .unwrap()
+    let args: Vec<&str> = std::iter::once("recover")
+        .chain(extra.iter().copied())
+        .collect();
+    set.steward(o, &args).await
 }
 
 /// The plan `recover` printed (its first stdout line).
@@ -63,22 +60,10 @@ fn plan_of(out: &Output) -> serde_json::Value {
 /// Runs `recover --yes` in pod `o` while restarting exited etcd containers, as kubelet
 /// would; returns its output.
 async fn recover_yes(set: &mut Set, o: u32, extra: &[&str]) -> Output {
-    let child = tokio::process::Command::new(STEWARD)
-        .arg("recover")
-        .arg("--yes")
-        .arg("--timeout=80s")
-        .args(set.common_args(o))
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let run = tokio::spawn(child.wait_with_output());
-    while !run.is_finished() {
-        set.restart_exited().unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    run.await.unwrap().unwrap()
+    let mut args = vec!["recover", "--yes", "--timeout=80s"];
+    args.extend_from_slice(extra);
+    let cmd = set.steward_in(o, &args);
+    set.run_restarting(cmd).await
 }
 
 /// Waits until every pod is a ready voter, restarting exited etcd containers meanwhile.
@@ -227,14 +212,7 @@ async fn a_recover_command_killed_after_handing_over_the_request_still_completes
     let mut set = formed_with_keys(etcd, 50).await;
     lose_volumes(&mut set, &[1, 2]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut child = tokio::process::Command::new(STEWARD)
-        .arg("recover")
-        .arg("--yes")
-        .args(set.common_args(1))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = set.steward_in(1, &["recover", "--yes"]).spawn().unwrap();
     // Killed as soon as the survivor's sidecar holds the request.
     wait_for(FORM, "the survivor's sidecar holds the request", || async {
         set.http(0, "/peer/report")
@@ -370,20 +348,12 @@ async fn auto_recovery_never_fires_while_pods_are_only_down_or_unreachable(etcd:
     set.shutdown().await;
 }
 
-/// etcd's offline tool for this release: etcdutl (3.5), etcdctl (3.4).
-fn tool(etcd: Etcd) -> std::path::PathBuf {
-    match etcd {
-        Etcd::V3_4 => "/usr/bin/etcdctl".into(),
-        _ => etcd.bin().with_file_name("etcdutl"),
-    }
-}
-
 async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(etcd: Etcd) {
     let store = tempfile::tempdir().unwrap();
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     set.extra_args = vec![
         format!("--backup-url=file://{}", store.path().display()),
-        format!("--etcdutl-bin={}", tool(etcd).display()),
+        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!(
             "--backup-scratch-dir={}",
             set.root().join("scratch").display()
@@ -394,12 +364,7 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
     ];
     set.start_all(FORM).await.unwrap();
     set.put_keys("k", 60).await.unwrap();
-    let out = tokio::process::Command::new(STEWARD)
-        .arg("backup")
-        .args(set.common_args(0))
-        .output()
-        .await
-        .unwrap();
+    let out = set.steward(0, &["backup"]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -411,17 +376,13 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
     set.put_keys("oops", 15).await.unwrap();
     let old_cluster = set.cluster_id(0).await.unwrap();
 
-    let restore = |extra: Vec<String>| {
-        let mut cmd = tokio::process::Command::new(STEWARD);
-        cmd.arg("restore")
-            .arg(format!("--snapshot={snapshot}"))
-            .args(set.common_args(1))
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        cmd
+    let snapshot_arg = format!("--snapshot={snapshot}");
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", snapshot_arg.as_str()];
+        args.extend_from_slice(extra);
+        set.steward_in(1, &args)
     };
-    let out = restore(vec!["--snapshot-missing-check".into()])
+    let out = restore(&["--snapshot-missing-check"])
         .output()
         .await
         .unwrap();
@@ -430,7 +391,7 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
         Some(64),
         "an unknown option is a usage error"
     );
-    let out = restore(vec![]).output().await.unwrap();
+    let out = restore(&[]).output().await.unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -443,15 +404,8 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
         "a plan changes nothing"
     );
 
-    let child = restore(vec!["--yes".into(), "--timeout=80s".into()])
-        .spawn()
-        .unwrap();
-    let run = tokio::spawn(child.wait_with_output());
-    while !run.is_finished() {
-        set.restart_exited().unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let out = run.await.unwrap().unwrap();
+    let cmd = restore(&["--yes", "--timeout=80s"]);
+    let out = set.run_restarting(cmd).await;
     assert!(
         out.status.success(),
         "restore --yes: {}\n{}",
@@ -503,13 +457,8 @@ async fn a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_
     let mut set = formed_with_keys(etcd, 70).await;
     lose_volumes(&mut set, &[1, 2]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let child = tokio::process::Command::new(STEWARD)
-        .arg("recover")
-        .arg("--yes")
-        .arg("--timeout=80s")
-        .args(set.common_args(2))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    let child = set
+        .steward_in(2, &["recover", "--yes", "--timeout=80s"])
         .spawn()
         .unwrap();
     let run = tokio::spawn(child.wait_with_output());

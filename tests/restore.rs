@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use harness::loopback::Set;
@@ -15,20 +15,12 @@ const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 
 const FORM: Duration = Duration::from_secs(60);
 
-/// etcd's offline tool for this release: etcdutl (3.5), etcdctl (3.4).
-fn tool(etcd: Etcd) -> PathBuf {
-    match etcd {
-        Etcd::V3_4 => "/usr/bin/etcdctl".into(),
-        _ => etcd.bin().with_file_name("etcdutl"),
-    }
-}
-
 /// A three-pod set formed with backups configured to `store` (restore `restore`).
 async fn formed(etcd: Etcd, store: &Path, restore: &str) -> Set {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     set.extra_args = vec![
         format!("--backup-url=file://{}", store.display()),
-        format!("--etcdutl-bin={}", tool(etcd).display()),
+        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!(
             "--backup-scratch-dir={}",
             set.root().join("scratch").display()

@@ -12,13 +12,10 @@ use harness::Etcd;
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 
 async fn status(set: &Set, o: u32, extra: &[&str]) -> String {
-    let out = tokio::process::Command::new(STEWARD)
-        .arg("status")
-        .args(set.common_args(o))
-        .args(extra)
-        .output()
-        .await
-        .unwrap();
+    let args: Vec<&str> = std::iter::once("status")
+        .chain(extra.iter().copied())
+        .collect();
+    let out = set.steward(o, &args).await;
     assert!(
         out.status.success(),
         "{}",

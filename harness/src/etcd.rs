@@ -19,6 +19,16 @@ pub enum Etcd {
 }
 
 impl Etcd {
+    /// etcd's offline tool for this release, beside its binary: etcdutl (3.5), etcdctl
+    /// (3.4, which the agent runs as `ETCDCTL_API=3 etcdctl`).
+    pub fn offline_tool(self) -> PathBuf {
+        let tool = match self {
+            Etcd::V3_4 => "etcdctl",
+            _ => "etcdutl",
+        };
+        self.bin().with_file_name(tool)
+    }
+
     /// Whether clients and peers talk TLS.
     pub fn tls(self) -> bool {
         self == Etcd::V3_5Tls

@@ -615,6 +615,44 @@ impl Set {
         Ok(restarted)
     }
 
+    /// `etcd-steward ARGS` with pod `o`'s options, as `kubectl exec` runs it in that pod.
+    pub async fn steward(&self, o: u32, args: &[&str]) -> std::process::Output {
+        self.steward_in(o, args)
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("running {}: {e}", self.steward.display()))
+    }
+
+    /// The command [`Self::steward`] runs, to start it in the background.
+    pub fn steward_in(&self, o: u32, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.steward);
+        cmd.args(args)
+            .args(self.common_args(o))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    }
+
+    /// Runs `cmd` to its end while restarting exited etcd containers, as kubelet would
+    /// meanwhile (a recovery or restore stops etcd so that it starts again).
+    pub async fn run_restarting(&mut self, mut cmd: Command) -> std::process::Output {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let run = tokio::spawn(child.wait_with_output());
+        while !run.is_finished() {
+            if let Err(e) = self.restart_exited() {
+                panic!("restarting an exited etcd container: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match run.await {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => panic!("waiting for {cmd:?}: {e}"),
+            Err(e) => panic!("waiting for {cmd:?}: {e}"),
+        }
+    }
+
     /// Whether the etcd container's process (init or etcd) is still running.
     pub fn init_running(&mut self, o: u32) -> bool {
         match self.pod_mut(o).etcd.as_mut() {
