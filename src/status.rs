@@ -142,46 +142,19 @@ where
         .map(|s| s.raft_index);
     let mut out = Vec::new();
     for ((_, name, _, report), status) in pods.iter().zip(&statuses) {
-        let (member_id, role, lag, index, db, in_use, alarms, version) = match status {
-            Some(Ok(s)) => (
-                Some(format!("{:x}", s.member_id)),
-                if s.is_learner {
-                    "learner".to_string()
-                } else if s.leader == s.member_id {
-                    "leader".to_string()
-                } else if s.leader == 0 {
-                    "no leader".to_string()
-                } else {
-                    "follower".to_string()
-                },
-                leader_index.map(|l| l.saturating_sub(s.raft_index)),
-                Some(s.raft_index),
-                Some(s.db_size),
-                Some(s.db_size_in_use),
-                s.errors.clone(),
-                Some(s.version.clone()),
-            ),
-            Some(Err(e)) => (
-                None,
-                format!("etcd: {e}"),
-                None,
-                None,
-                None,
-                None,
-                vec![],
-                None,
-            ),
-            None => (
-                None,
-                "name does not resolve".into(),
-                None,
-                None,
-                None,
-                None,
-                vec![],
-                None,
-            ),
+        let answered = match status {
+            Some(Ok(s)) => Ok(s),
+            Some(Err(e)) => Err(format!("etcd: {e}")),
+            None => Err("name does not resolve".to_string()),
         };
+        let role = match &answered {
+            Ok(s) if s.is_learner => "learner".to_string(),
+            Ok(s) if s.leader == s.member_id => "leader".to_string(),
+            Ok(s) if s.leader == 0 => "no leader".to_string(),
+            Ok(_) => "follower".to_string(),
+            Err(why) => why.clone(),
+        };
+        let s = answered.as_ref().ok();
         let (volume, last_decision, requests) = match report {
             Ok(r) => {
                 let mut requests = Vec::new();
@@ -206,14 +179,14 @@ where
         };
         out.push(PodStatus {
             pod: name.clone(),
-            member_id,
+            member_id: s.map(|s| format!("{:x}", s.member_id)),
             role,
-            raft_index_lag: lag,
-            raft_index: index,
-            db_size: db,
-            db_size_in_use: in_use,
-            alarms,
-            version,
+            raft_index_lag: s.and_then(|s| leader_index.map(|l| l.saturating_sub(s.raft_index))),
+            raft_index: s.map(|s| s.raft_index),
+            db_size: s.map(|s| s.db_size),
+            db_size_in_use: s.map(|s| s.db_size_in_use),
+            alarms: s.map(|s| s.errors.clone()).unwrap_or_default(),
+            version: s.map(|s| s.version.clone()),
             volume,
             last_decision,
             requests,
