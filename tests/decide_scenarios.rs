@@ -557,7 +557,9 @@ fn a_restore_request_for_a_snapshot_this_pod_cannot_see_leaves_the_data_in_place
             backups: backups.clone(),
             ..f.clone()
         };
-        assert_eq!(decide(&f).action, Action::Restart, "{backups:?}");
+        let d = decide(&f);
+        assert_eq!(d.action, Action::Restart, "{backups:?}");
+        assert_reason(&d, &["restore restore-1", "its data stays"]);
     }
 }
 

@@ -267,6 +267,12 @@ pub enum Why {
     LeftAndRemoved {
         member: u64,
     },
+    RestoreNotSeen {
+        id: String,
+        snapshot: String,
+        problem: String,
+        then: Box<Decision>,
+    },
     PeerUrlChanged {
         member: u64,
         listed: Vec<String>,
@@ -345,6 +351,7 @@ impl std::fmt::Display for Why {
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
             Why::PeerUrlChanged { member, listed, now } => write!(f, "the cluster lists this pod's member {member:x} at {}, but its peer URL is now {now}: the member entry is updated (MemberUpdate), keeping its ID and data, then etcd restarts", listed.join(", ")),
+            Why::RestoreNotSeen { id, snapshot, problem, then } => write!(f, "restore {id} to snapshot {snapshot} was requested, but this pod cannot see that snapshot usable ({problem}): its data stays (decided: {}, {})", then.action.name(), then.why),
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
@@ -412,20 +419,33 @@ pub fn decide(f: &Facts) -> Decision {
         // snapshot usable (no proof, no action: the data stays and etcd restarts on it);
         // an empty volume takes part in the new formation only (it never joins the
         // cluster that is being replaced).
-        Some(r)
-            if f.data.has_data()
-                && f.data.restored_for.as_deref() != Some(r.id.as_str())
-                && restore_choice(f).is_ok_and(|s| s.as_deref() == Some(r.snapshot.as_str())) =>
-        {
-            decision(
-                Action::SetAside {
-                    why: SetAsideWhy::RestoreRequested,
-                },
-                Why::RestoreRequested {
-                    id: r.id.clone(),
-                    snapshot: r.snapshot.clone(),
-                },
-            )
+        Some(r) if f.data.has_data() && f.data.restored_for.as_deref() != Some(r.id.as_str()) => {
+            match restore_choice(f) {
+                Ok(Some(s)) if s == r.snapshot => decision(
+                    Action::SetAside {
+                        why: SetAsideWhy::RestoreRequested,
+                    },
+                    Why::RestoreRequested {
+                        id: r.id.clone(),
+                        snapshot: r.snapshot.clone(),
+                    },
+                ),
+                seen => {
+                    let then = decide_with_data(f);
+                    decision(
+                        then.action.clone(),
+                        Why::RestoreNotSeen {
+                            id: r.id.clone(),
+                            snapshot: r.snapshot.clone(),
+                            problem: match seen {
+                                Err(why) => why.to_string(),
+                                Ok(_) => "backups are not configured here".to_string(),
+                            },
+                            then: Box::new(then),
+                        },
+                    )
+                }
+            }
         }
         Some(_) if !f.data.has_data() => decide_formation(f),
         _ if f.data.has_data() => decide_with_data(f),
