@@ -279,6 +279,9 @@ pub struct PeerReport {
     /// The last decision `init` acted on for this volume (its journal's last line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision: Option<LastDecision>,
+    /// The last time this pod's sidecar saw the cluster list its member (see [`Vouch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vouch: Option<Vouch>,
 }
 
 /// One decision `init` acted on: when (unix seconds), what, and the sentence it logged.
@@ -336,6 +339,40 @@ impl Facts {
     pub fn pod_name(&self, o: u32) -> String {
         format!("{}-{o}", self.set_name)
     }
+
+    /// The cluster's word for this volume, when this round has it: a voter that sees a
+    /// leader and serves a quorum read lists the WAL's member, in the WAL's cluster, at
+    /// this pod's peer URL.
+    pub fn vouch(&self, ts: u64) -> Option<Vouch> {
+        let ClusterFacts::Healthy(view) = &self.cluster else {
+            return None;
+        };
+        let wal = self.data.wal_identity()?;
+        let listed = view
+            .members
+            .iter()
+            .any(|m| m.id == wal.member_id && m.peer_urls.contains(&self.peer_url));
+        (wal.cluster_id == view.cluster_id && listed).then(|| Vouch {
+            member_id: wal.member_id,
+            cluster_id: wal.cluster_id,
+            peer_url: self.peer_url.clone(),
+            ts,
+        })
+    }
+}
+
+/// A volume the cluster vouched for: its member, its cluster, the peer URL the member was
+/// listed at, and when (unix seconds). `init` records one in its journal when it decides
+/// on the cluster's answer; the sidecar keeps the last one it saw while etcd served (a
+/// voter that sees a leader and serves a quorum read listing its own member) and reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vouch {
+    #[serde(with = "hex_id")]
+    pub member_id: u64,
+    #[serde(with = "hex_id")]
+    pub cluster_id: u64,
+    pub peer_url: String,
+    pub ts: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -85,6 +85,7 @@ where
         dns,
         connector: connector.clone(),
         store: None,
+        starting: false,
     };
     let f = obs.observe(String::new()).await?;
     let id = &cfg.identity;

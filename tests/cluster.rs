@@ -625,6 +625,72 @@ async fn removed_members_data_is_set_aside_and_it_joins_anew(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// The cluster vouched for this volume at its last start, so a restart waits only briefly
+/// for peers that hang (BENCHMARKS.md, row 4d). Meanwhile the member was removed: etcd
+/// starts on the data, learns from its peers once they answer that it was removed, and
+/// exits; the next round, right after a start nobody answered for, waits the full deadline,
+/// hears the cluster, sets the data aside and joins anew.
+async fn a_removed_member_restarted_while_peers_hang_is_set_aside_once_they_answer(etcd: Etcd) {
+    let mut set = formed(etcd).await;
+    set.put_keys("k", 100).await.unwrap();
+    let old = set.member_id(2).await.unwrap_or_default();
+    // etcd-2 serves as a voter: its sidecar sees the cluster list it (the vouch).
+    wait_for(
+        HEAL,
+        "etcd-2's sidecar to see its member listed",
+        || async { set.logs(2).contains("the cluster lists this member") },
+    )
+    .await;
+    set.kill_etcd(2).await;
+    wait_for(HEAL, "etcd-2's member removed", || async {
+        let mut admin = set.client(0).await.unwrap();
+        admin.member_remove(old).await.is_ok()
+    })
+    .await;
+    // The peers hang: connections are accepted and never answered.
+    let hung: Vec<u32> = [0, 1]
+        .iter()
+        .flat_map(|o| [set.etcd_pid(*o), set.sidecar_pid(*o)])
+        .flatten()
+        .collect();
+    for pid in &hung {
+        harness::procs::signal(*pid, "STOP").unwrap();
+    }
+    let restarts = |set: &Set| set.decisions(2).iter().filter(|d| *d == "restart").count();
+    let before = restarts(&set);
+    set.start_init(2).unwrap();
+    wait_for_or(
+        HEAL,
+        "etcd-2 restarted on its data without waiting on its hung peers",
+        || async { restarts(&set) > before },
+        || set.dump(),
+    )
+    .await;
+    assert!(
+        set.logs(2)
+            .contains("the cluster vouched for this volume before"),
+        "the restart took the vouched path:\n{}",
+        set.dump()
+    );
+    for pid in &hung {
+        harness::procs::signal(*pid, "CONT").unwrap();
+    }
+    // etcd exits once its peers tell it it was removed; kubelet would start it again.
+    let deadline = tokio::time::Instant::now() + HEAL;
+    while !set.decisions(2).contains(&"join".into()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "etcd-2 did not set its data aside and join within {HEAL:?}:\n{}",
+            set.dump()
+        );
+        set.restart_exited().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
+    came_back_with_data_set_aside(&set, 2, old, 100, "-removed-member").await;
+    set.shutdown().await;
+}
+
 /// A volume that holds another cluster's data (restored from elsewhere, or a reused PVC)
 /// comes back while the rest of the cluster's etcd is down. Its peers' sidecars report the
 /// real cluster's volumes, so it is never started as a cluster of its own: it waits, and
@@ -695,6 +761,7 @@ scenarios!(
     restart_keeps_member_id_and_data,
     wiped_member_rejoins_as_learner_with_new_id,
     removed_members_data_is_set_aside_and_it_joins_anew,
+    a_removed_member_restarted_while_peers_hang_is_set_aside_once_they_answer,
     another_clusters_volume_is_set_aside_and_the_pod_joins,
     learner_is_promoted_before_it_serves_clients,
     full_restart_in_any_order_keeps_cluster_id,

@@ -33,6 +33,7 @@ fn record(dir: &std::path::Path, action: &str) -> TestResult {
         ts: 0,
         action: action.parse()?,
         reason: String::new(),
+        vouch: None,
     };
     journal::append(dir, &entry)?;
     Ok(())

@@ -67,13 +67,14 @@ pub enum ActError {
     },
 }
 
-fn record(dir: &Path, d: &Decision, ts: u64) -> Result<(), VolumeError> {
+fn record(dir: &Path, facts: &Facts, d: &Decision, ts: u64) -> Result<(), VolumeError> {
     journal::append(
         dir,
         &journal::Entry {
             ts,
             action: d.action.kind(),
             reason: d.reason(),
+            vouch: facts.vouch(ts),
         },
     )
 }
@@ -99,7 +100,7 @@ pub async fn act<C: Connector>(
     match &d.action {
         Action::Wait => Ok(Next::LookAgain(Pause::Backoff)),
         Action::Restart => {
-            record(dir, d, now)?;
+            record(dir, facts, d, now)?;
             Ok(Next::Exec(StartMode::Restart))
         }
         Action::Recover { id, commit, first } => {
@@ -113,7 +114,7 @@ pub async fn act<C: Connector>(
                         commit: *commit,
                     },
                 )?;
-                record(dir, d, now)?;
+                record(dir, facts, d, now)?;
             }
             tracing::warn!(recovery = %id, commit_index = commit, "recovery: starting etcd with --force-new-cluster on this volume's data; the other pods join it as new learners");
             Ok(Next::Exec(StartMode::ForceNewCluster))
@@ -165,14 +166,14 @@ pub async fn act<C: Connector>(
                     token: token.clone(),
                 },
             };
-            record(dir, d, now)?;
+            record(dir, facts, d, now)?;
             if facts.ordinal != 0 {
                 wait_for_seed(cfg, facts).await;
             }
             Ok(Next::Exec(mode))
         }
         Action::Resume { members, .. } => {
-            record(dir, d, now)?;
+            record(dir, facts, d, now)?;
             Ok(Next::Exec(StartMode::Existing {
                 members: members.clone(),
             }))
@@ -221,7 +222,7 @@ pub async fn act<C: Connector>(
                     tracing::info!(member_id = %format!("{:x}", added.id), via = %via.host, "added as a learner; starting etcd next");
                 }
             }
-            record(dir, d, now)?;
+            record(dir, facts, d, now)?;
             Ok(Next::LookAgain(Pause::Now))
         }
     }

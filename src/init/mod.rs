@@ -73,6 +73,7 @@ where
         connector: connector.clone(),
         reports,
         store: store.clone(),
+        starting: true,
     };
     let world = act::World {
         cfg,

@@ -24,7 +24,17 @@ use crate::volume::{self, VolumeError};
 /// must not wait on peers that are down) and when it does not.
 const CLUSTER_DEADLINE_WITH_DATA: Duration = Duration::from_millis(500);
 const CLUSTER_DEADLINE_EMPTY: Duration = Duration::from_secs(4);
+/// With data the cluster already vouched for: the cluster's answer can only bring news
+/// (a removal, a changed peer URL, a request) that etcd or the sidecar also learn once
+/// etcd runs, so a silent peer costs at most this.
+const CLUSTER_DEADLINE_VOUCHED: Duration = Duration::from_millis(30);
+/// A start on vouched data that the cluster did not answer for, this recent, may be a
+/// crash loop (etcd exits when it learns it was removed): the next round waits the full
+/// deadline, so a slow cluster's answer is heard.
+const UNANSWERED_START_RECENT_SECS: u64 = 120;
 const REPORT_TIMEOUT: Duration = Duration::from_millis(1500);
+/// This pod's own sidecar answers from the same node: a hung one costs no more than this.
+const OWN_REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 /// Ordinals beyond the initial size that are looked up, to notice pods of a scaled-up set.
 const EXTRA_ORDINALS: u32 = 2;
 
@@ -84,6 +94,10 @@ pub struct Observer<D, C, R> {
     /// The backup store, when a new cluster may restore from it (`--backup-url`, and
     /// `--restore` not `never`).
     pub store: Option<Store>,
+    /// Whether this look is init's, about to start etcd on this volume. Only then may a
+    /// volume the cluster vouched for cut the wait for silent peers short: `status`,
+    /// `recover` and the sidecar's recovery look give every peer the full deadline.
+    pub starting: bool,
 }
 
 impl<D, C, R> Observer<D, C, R>
@@ -122,16 +136,36 @@ where
             .filter(|(o, _)| *o != id.ordinal)
             .collect();
 
-        let deadline = if data.has_data() {
-            CLUSTER_DEADLINE_WITH_DATA
-        } else {
-            CLUSTER_DEADLINE_EMPTY
+        // With data, this pod's own sidecar says when it last saw the cluster list this
+        // member, and may hold a recovery request naming it. It is local: asked first.
+        let own_report = match (data.has_data(), own_dns.first()) {
+            (true, Some(ip)) => self
+                .reports
+                .report(&id.name(), &id.host(id.ordinal), ip, OWN_REPORT_TIMEOUT)
+                .await
+                .ok(),
+            _ => None,
         };
+        let deadline = match (self.starting, data.has_data()) {
+            (true, has_data) => cluster_deadline(
+                has_data,
+                &volume::journal::read(&cfg.data_dir),
+                own_report.as_ref(),
+                data.wal_identity(),
+                &id.peer_url(id.ordinal),
+                crate::clock::unix_now(),
+            ),
+            (false, true) => CLUSTER_DEADLINE_WITH_DATA,
+            (false, false) => CLUSTER_DEADLINE_EMPTY,
+        };
+        if deadline == CLUSTER_DEADLINE_VOUCHED {
+            tracing::info!(deadline = ?deadline, "the cluster vouched for this volume before: peers that do not answer within the deadline are not waited for");
+        }
         let cluster = self.cluster_view(&peers, deadline);
         // With data the reports only tell whether this volume is the odd one out, and must
         // not hold up a restart longer than the cluster may.
         let report_timeout = if data.has_data() {
-            CLUSTER_DEADLINE_WITH_DATA
+            deadline
         } else {
             REPORT_TIMEOUT
         };
@@ -159,18 +193,7 @@ where
             all.sort_by_key(|p| p.ordinal);
             all
         };
-        // With data, this pod's own sidecar may hold a recovery request naming it.
-        let own_report = async {
-            match (data.has_data(), own_dns.first()) {
-                (true, Some(ip)) => self
-                    .reports
-                    .report(&id.name(), &id.host(id.ordinal), ip, report_timeout)
-                    .await
-                    .ok(),
-                _ => None,
-            }
-        };
-        let (cluster, peer_facts, own_report) = tokio::join!(cluster, reports, own_report);
+        let (cluster, peer_facts) = tokio::join!(cluster, reports);
         let recovery_request = recovery_request(&id.name(), &peer_facts, own_report.as_ref());
         let restore_request = peer_facts
             .iter()
@@ -292,6 +315,56 @@ where
     }
 }
 
+/// How long this round waits for the cluster (and, with data, for the peers' reports).
+///
+/// Without data: long, as a join or a formation rests on the answers. With data: 500 ms,
+/// enough for a slow but live cluster to say that this member was removed or that the
+/// volume belongs to another cluster. Only 30 ms when the cluster vouched for this very
+/// volume (member, cluster, peer URL), in `init`'s journal or through this pod's sidecar,
+/// unless the last start came after that vouch, went unanswered, and was under two minutes
+/// ago (a crash loop: etcd exits when its peers tell it it was removed, and a slow
+/// cluster's answer must then be heard). A vouched volume is no stranger, and the news a
+/// late answer could bring is learned again once etcd runs. While the sidecar holds an
+/// operator's recovery or restore request, every round hears the cluster out.
+pub fn cluster_deadline(
+    has_data: bool,
+    journal: &[volume::journal::Entry],
+    own_report: Option<&PeerReport>,
+    wal: Option<crate::facts::WalIdentity>,
+    peer_url: &str,
+    now: u64,
+) -> Duration {
+    if !has_data {
+        return CLUSTER_DEADLINE_EMPTY;
+    }
+    let request_held =
+        own_report.is_some_and(|r| r.recovery_request.is_some() || r.restore_request.is_some());
+    let sidecar_vouch = own_report.and_then(|r| r.vouch.as_ref());
+    let (Some(wal), false) = (wal, request_held) else {
+        return CLUSTER_DEADLINE_WITH_DATA;
+    };
+    let newest = journal
+        .iter()
+        .filter_map(|e| e.vouch.as_ref())
+        .chain(sidecar_vouch)
+        .max_by_key(|v| v.ts);
+    let Some(vouch) = newest.filter(|v| {
+        v.member_id == wal.member_id && v.cluster_id == wal.cluster_id && v.peer_url == peer_url
+    }) else {
+        return CLUSTER_DEADLINE_WITH_DATA;
+    };
+    let crash_loop = journal.last().is_some_and(|last| {
+        last.vouch.is_none()
+            && last.ts > vouch.ts
+            && now.saturating_sub(last.ts) < UNANSWERED_START_RECENT_SECS
+    });
+    if crash_loop {
+        CLUSTER_DEADLINE_WITH_DATA
+    } else {
+        CLUSTER_DEADLINE_VOUCHED
+    }
+}
+
 /// The recovery request the sidecars hold: one naming this pod first, else any.
 fn recovery_request(
     me: &str,
@@ -367,4 +440,166 @@ pub async fn fetch_report(
         return Err(format!("answered HTTP {status}"));
     }
     parse_report(&body, name).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::{ActionKind, Vouch, WalIdentity};
+    use crate::volume::journal::Entry;
+
+    const URL: &str = "http://etcd-1.etcd:2380";
+    const WAL: WalIdentity = WalIdentity {
+        member_id: 0xa1,
+        cluster_id: 0xc1,
+    };
+
+    fn start(ts: u64, vouch: Option<Vouch>) -> Entry {
+        Entry {
+            ts,
+            action: ActionKind::Restart,
+            reason: String::new(),
+            vouch,
+        }
+    }
+
+    fn vouch(member_id: u64, cluster_id: u64, peer_url: &str, ts: u64) -> Option<Vouch> {
+        Some(Vouch {
+            member_id,
+            cluster_id,
+            peer_url: peer_url.into(),
+            ts,
+        })
+    }
+
+    fn ours(ts: u64) -> Option<Vouch> {
+        vouch(0xa1, 0xc1, URL, ts)
+    }
+
+    fn report(vouch: Option<Vouch>) -> PeerReport {
+        PeerReport {
+            name: "etcd-1".into(),
+            has_data: true,
+            vouch,
+            ..Default::default()
+        }
+    }
+
+    fn deadline(journal: &[Entry], sidecar: Option<Vouch>, now: u64) -> Duration {
+        cluster_deadline(true, journal, Some(&report(sidecar)), Some(WAL), URL, now)
+    }
+
+    #[test]
+    fn an_empty_volume_waits_long_for_the_cluster_it_must_join_or_form() {
+        let d = cluster_deadline(false, &[start(1, ours(1))], None, None, URL, 2);
+        assert_eq!(d, CLUSTER_DEADLINE_EMPTY);
+    }
+
+    #[test]
+    fn data_the_cluster_never_vouched_for_waits_the_full_deadline() {
+        assert_eq!(deadline(&[], None, 1000), CLUSTER_DEADLINE_WITH_DATA);
+        assert_eq!(
+            deadline(&[start(1, None)], None, 1000),
+            CLUSTER_DEADLINE_WITH_DATA
+        );
+        assert_eq!(
+            cluster_deadline(
+                true,
+                &[start(1, ours(1))],
+                Some(&report(ours(2))),
+                None,
+                URL,
+                1000
+            ),
+            CLUSTER_DEADLINE_WITH_DATA,
+            "a WAL that cannot be read is no vouched volume"
+        );
+    }
+
+    #[test]
+    fn data_the_cluster_vouched_for_does_not_wait_on_silent_peers() {
+        // At init's last start.
+        assert_eq!(
+            deadline(&[start(1, None), start(5, ours(5))], None, 10),
+            CLUSTER_DEADLINE_VOUCHED
+        );
+        // Through the sidecar, while etcd served after an unanswered start.
+        assert_eq!(
+            deadline(&[start(1, None)], ours(30), 40),
+            CLUSTER_DEADLINE_VOUCHED
+        );
+    }
+
+    #[test]
+    fn a_vouch_for_another_member_cluster_or_peer_url_does_not_count() {
+        for other in [
+            vouch(0xa2, 0xc1, URL, 5),
+            vouch(0xa1, 0xc2, URL, 5),
+            vouch(0xa1, 0xc1, "https://etcd-1.etcd:2380", 5),
+        ] {
+            assert_eq!(
+                deadline(&[start(5, other.clone())], None, 1000),
+                CLUSTER_DEADLINE_WITH_DATA,
+                "{other:?}"
+            );
+            assert_eq!(
+                deadline(&[start(1, None)], other.clone(), 1000),
+                CLUSTER_DEADLINE_WITH_DATA,
+                "from the sidecar: {other:?}"
+            );
+        }
+        // The newest vouch is the one that counts: the peer URL changed since.
+        assert_eq!(
+            deadline(
+                &[start(5, ours(5))],
+                vouch(0xa1, 0xc1, "https://etcd-1.etcd:2380", 9),
+                1000
+            ),
+            CLUSTER_DEADLINE_WITH_DATA
+        );
+    }
+
+    #[test]
+    fn right_after_an_unanswered_start_the_next_round_waits_the_full_deadline() {
+        let journal = [start(100, ours(100)), start(1000, None)];
+        // etcd exited soon after a start the cluster did not answer for, and the sidecar
+        // saw no cluster list it since: perhaps it was removed, and a slow cluster must
+        // get the time to say so.
+        assert_eq!(
+            deadline(&journal, ours(900), 1010),
+            CLUSTER_DEADLINE_WITH_DATA
+        );
+        // The sidecar saw it listed after that start: etcd served, no crash loop.
+        assert_eq!(
+            deadline(&journal, ours(1005), 1010),
+            CLUSTER_DEADLINE_VOUCHED
+        );
+        // Long after, it was no crash loop either.
+        assert_eq!(
+            deadline(&journal, None, 1000 + UNANSWERED_START_RECENT_SECS),
+            CLUSTER_DEADLINE_VOUCHED
+        );
+    }
+
+    #[test]
+    fn while_an_operators_request_is_held_every_round_hears_the_cluster_out() {
+        let journal = [start(5, ours(5))];
+        let mut held = report(ours(9));
+        held.recovery_request = Some(crate::facts::RecoveryRequest {
+            id: "r1".into(),
+            survivor: "etcd-1".into(),
+            force_lost: vec![],
+            expires_unix: 100,
+        });
+        let d = cluster_deadline(true, &journal, Some(&held), Some(WAL), URL, 10);
+        assert_eq!(d, CLUSTER_DEADLINE_WITH_DATA);
+        held.recovery_request = None;
+        held.restore_request = Some(crate::facts::RestoreRequest {
+            id: "r2".into(),
+            snapshot: "s".into(),
+            expires_unix: 100,
+        });
+        let d = cluster_deadline(true, &journal, Some(&held), Some(WAL), URL, 10);
+        assert_eq!(d, CLUSTER_DEADLINE_WITH_DATA);
+    }
 }

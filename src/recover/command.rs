@@ -78,6 +78,7 @@ where
         connector: connector.clone(),
         reports,
         store: None,
+        starting: false,
     };
     let f = look(&obs).await?;
     let under_way = recorded(&f);

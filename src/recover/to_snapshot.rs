@@ -74,6 +74,7 @@ where
         dns,
         connector,
         store: None,
+        starting: false,
     };
     let f = obs.observe(String::new()).await?;
     let silent: Vec<String> = pods(&f)

@@ -66,6 +66,8 @@ pub struct Sidecar<D, C: Connector, P> {
     /// The last tick's outcomes, which the next observation carries.
     previous: Vec<Outcome>,
     health: watch::Sender<Health>,
+    /// The last time the cluster was seen to list this member (kept while etcd is down).
+    vouch: watch::Sender<Option<crate::facts::Vouch>>,
     health_metrics: HealthMetrics,
     init_metrics: InitMetrics,
     /// The recovery request this pod holds, and what to do for it.
@@ -168,6 +170,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             backups: BackupRounds::new(cfg),
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
+            vouch: watch::channel(None).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
             recovery: None,
@@ -177,6 +180,11 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
     /// The health verdicts as the loop publishes them.
     pub fn health(&self) -> watch::Receiver<Health> {
         self.health.subscribe()
+    }
+
+    /// The cluster's last word for this member, as the loop publishes it.
+    pub fn vouch(&self) -> watch::Receiver<Option<crate::facts::Vouch>> {
+        self.vouch.subscribe()
     }
 
     /// One round: observe, assess, plan, execute. Returns how long to wait before the next.
@@ -218,6 +226,22 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         let before = self.health.borrow().clone();
         if before.ready != health.ready || before.live != health.live {
             tracing::info!(live = health.live.ok, ready = health.ready.ok, live_reason = %health.live.reason, ready_reason = %health.ready.reason, "health changed");
+        }
+        if let Some(v) = seen.vouch(crate::clock::unix_now()) {
+            self.vouch.send_if_modified(|held| {
+                // Refreshed at most once a minute: the time only says "etcd served since".
+                let stale = held.as_ref().is_none_or(|h| {
+                    (h.member_id, h.cluster_id, &h.peer_url) != (v.member_id, v.cluster_id, &v.peer_url)
+                        || v.ts >= h.ts + 60
+                });
+                if held.is_none() {
+                    tracing::info!(member_id = %format!("{:x}", v.member_id), cluster_id = %format!("{:x}", v.cluster_id), "the cluster lists this member: a restart of etcd here does not wait on peers that do not answer");
+                }
+                if stale {
+                    *held = Some(v);
+                }
+                stale
+            });
         }
         self.health_metrics.set(health);
         self.init_metrics.set(&seen.journal.counts);
@@ -263,12 +287,13 @@ where
         .auto_recover_after
         .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
-    let state = AppState::new(
+    let mut state = AppState::new(
         sidecar.health(),
         Arc::new(registry),
         &cfg.identity.name(),
         &cfg.data_dir,
     );
+    state.vouch = sidecar.vouch();
     if let Some((after, dns, connector)) = auto {
         tokio::spawn(recovery::auto_recover(
             cfg.clone(),

@@ -53,6 +53,28 @@ pub struct Observation {
     pub backup_rounds: Vec<RoundEnd>,
 }
 
+impl Observation {
+    /// The cluster's word for this member, when this tick has it: the local member is a
+    /// voter that sees a leader and served a quorum read, and its member list holds it at
+    /// this pod's peer URL. `now` is the unix time to stamp it with.
+    pub fn vouch(&self, now: u64) -> Option<crate::facts::Vouch> {
+        let status = self.local.status.as_ref().ok()?;
+        let served = matches!(self.local.linearizable, Some(Ok(())));
+        if status.is_learner || status.leader == 0 || !served {
+            return None;
+        }
+        let listed = self.members.as_deref()?.iter().any(|m| {
+            m.id == status.member_id && !m.is_learner && m.peer_urls.contains(&self.own_peer_url)
+        });
+        listed.then(|| crate::facts::Vouch {
+            member_id: status.member_id,
+            cluster_id: status.cluster_id,
+            peer_url: self.own_peer_url.clone(),
+            ts: now,
+        })
+    }
+}
+
 /// The init journal (`member/steward/decisions.jsonl`) as last read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JournalView {

@@ -261,6 +261,7 @@ pub async fn auto_recover<D, C>(
         dns,
         connector,
         store: None,
+        starting: false,
     };
     let me = obs.cfg.identity.name();
     let mut since: Option<Instant> = None;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::facts::ActionKind;
+use crate::facts::{ActionKind, Vouch};
 
 use super::{steward_dir, VolumeError};
 
@@ -22,6 +22,10 @@ pub struct Entry {
     /// The sentence the log gave for it.
     #[serde(default)]
     pub reason: String,
+    /// The cluster's word for this volume when the decision was taken, if a voter that saw
+    /// a leader listed the WAL's member, in the WAL's cluster, at this pod's peer URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vouch: Option<Vouch>,
 }
 
 pub fn path(dir: &Path) -> PathBuf {
@@ -82,6 +86,7 @@ mod tests {
             ts: 1,
             action,
             reason: "because".into(),
+            vouch: None,
         }
     }
 
@@ -117,5 +122,21 @@ mod tests {
     fn the_journal_line_format_is_stable() {
         let text = serde_json::to_string(&entry(ActionKind::SetAside)).unwrap_or_default();
         assert_eq!(text, r#"{"ts":1,"action":"set-aside","reason":"because"}"#);
+        let vouched = Entry {
+            vouch: Some(Vouch {
+                member_id: 0xab,
+                cluster_id: 0xcd,
+                peer_url: "http://etcd-0.etcd:2380".into(),
+                ts: 1,
+            }),
+            ..entry(ActionKind::Restart)
+        };
+        let text = serde_json::to_string(&vouched).unwrap_or_default();
+        assert_eq!(
+            text,
+            r#"{"ts":1,"action":"restart","reason":"because","vouch":{"member_id":"ab","cluster_id":"cd","peer_url":"http://etcd-0.etcd:2380","ts":1}}"#
+        );
+        let back: Entry = serde_json::from_str(&text).unwrap_or_else(|_| entry(ActionKind::Join));
+        assert_eq!(back, vouched);
     }
 }

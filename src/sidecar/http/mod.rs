@@ -36,6 +36,8 @@ pub struct AppState {
     pub restore: Arc<Inbox<crate::facts::RestoreRequest>>,
     /// How far the volume's log goes, read at most every few seconds.
     pub tail: Arc<TailCache>,
+    /// The last time the loop saw the cluster list this pod's member, for the report.
+    pub vouch: watch::Receiver<Option<crate::facts::Vouch>>,
 }
 
 impl AppState {
@@ -53,6 +55,7 @@ impl AppState {
             recovery: Arc::new(Inbox::default()),
             restore: Arc::new(Inbox::default()),
             tail: Arc::new(TailCache::new(data_dir)),
+            vouch: watch::channel(None).1,
         }
     }
 

@@ -43,6 +43,7 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                         reason: e.reason.chars().take(600).collect(),
                     }
                 }),
+                vouch: s.vouch.borrow().clone(),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
