@@ -27,6 +27,8 @@ use harness::Etcd;
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 const FAULTS: usize = 7;
+const RESULTS_HEADER: &str =
+    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\n";
 const SPAN: Duration = Duration::from_secs(20);
 
 /// Seeds CI replays, each against one etcd release (every release sees some).
@@ -96,6 +98,9 @@ async fn open_ended_schedules_append_to_the_results_file() {
     for seed in seeds {
         let etcd = releases[(seed % 3) as usize];
         let (o, failure) = one_schedule(seed, etcd).await;
+        if !std::path::Path::new(path).exists() {
+            std::fs::write(path, RESULTS_HEADER).unwrap();
+        }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
