@@ -48,6 +48,7 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
         own_peer_url: String::new(),
         learners: Vec::new(),
         joining: None,
+        cluster_members: None,
         journal: JournalView::default(),
         previous: Vec::new(),
         backup_rounds: rounds,

@@ -36,9 +36,20 @@ pub async fn execute<D: Dns, C: Connector>(
             Ok(local) => local.remove(*id).await,
             Err(e) => Err(e),
         },
-        Step::UpdatePeerUrls { id, url } => match conn.local().await {
+        Step::UpdatePeerUrls { id, url, via: None } => match conn.local().await {
             Ok(local) => local.update_peer_urls(*id, std::slice::from_ref(url)).await,
             Err(e) => Err(e),
+        },
+        Step::UpdatePeerUrls {
+            id,
+            url,
+            via: Some(peer),
+        } => match conn.remote(peer).await {
+            Some(m) => m.update_peer_urls(*id, std::slice::from_ref(url)).await,
+            None => Err(EtcdError::TimedOut {
+                endpoint: peer.clone(),
+                detail: "no connection".into(),
+            }),
         },
     };
     let outcome = match result {
@@ -69,11 +80,11 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::RemoveLearner { id }, error) => {
             tracing::warn!(member_id = %format!("{id:x}"), %error, "could not remove stalled learner; retrying");
         }
-        Outcome::Done(Step::UpdatePeerUrls { id, url }) => {
-            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, "the cluster listed this member at another peer URL: entry updated (MemberUpdate), same member ID and data");
+        Outcome::Done(Step::UpdatePeerUrls { id, url, via }) => {
+            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, via = via.as_deref().unwrap_or("this member"), "the cluster listed this member at another peer URL: entry updated (MemberUpdate), same member ID and data");
         }
-        Outcome::Failed(Step::UpdatePeerUrls { id, url }, error) => {
-            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, %error, "could not update this member's peer URL; retrying");
+        Outcome::Failed(Step::UpdatePeerUrls { id, url, via }, error) => {
+            tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, via = via.as_deref().unwrap_or("this member"), %error, "could not update this member's peer URL; retrying");
         }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
         Outcome::Failed(Step::BackupRound, error) => {

@@ -45,6 +45,11 @@ pub struct Observation {
     /// When the local etcd runs but serves no client yet after `init` started it as a
     /// joining member: the member list as a voter has it, and that voter's client URL.
     pub joining: Option<(String, Vec<MemberInfo>)>,
+    /// When the local member is a voter that sees no leader: the member list as a peer has
+    /// it, and that peer's client URL. A member whose entry still names an old peer URL
+    /// (peer TLS switched on while the leader was away) hears from no leader until the
+    /// entry is updated, which only the others can do.
+    pub cluster_members: Option<(String, Vec<MemberInfo>)>,
     /// What `init` decided, from its journal on the volume.
     pub journal: JournalView,
     /// What the previous tick's steps came to, every planner's (filled in by the loop).
@@ -220,6 +225,10 @@ pub async fn observe<D: Dns, C: Connector>(
     } else {
         None
     };
+    let cluster_members = match &status {
+        Ok(s) if !s.is_learner && s.leader == 0 => conn.members_from_peers().await,
+        _ => None,
+    };
     Observation {
         now,
         local: LocalObservation {
@@ -233,6 +242,7 @@ pub async fn observe<D: Dns, C: Connector>(
         own_peer_url: own_peer_url.to_string(),
         learners,
         joining,
+        cluster_members,
         journal,
         previous: Vec::new(),
         backup_rounds: Vec::new(),

@@ -201,6 +201,7 @@ mod planner_tests {
             own_peer_url: String::new(),
             learners: vec![(7, None)],
             joining: None,
+            cluster_members: None,
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),

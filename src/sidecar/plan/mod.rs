@@ -23,8 +23,13 @@ pub enum Step {
     Promote { id: u64, via: String, why: Why },
     /// Remove learner `id` through the local member (this pod's member leads).
     RemoveLearner { id: u64 },
-    /// Update this member's peer URLs to `url` through the local member (MemberUpdate).
-    UpdatePeerUrls { id: u64, url: String },
+    /// Update this member's peer URLs to `url` (MemberUpdate) through the local member, or,
+    /// when it sees no leader, through the peer at client URL `via`.
+    UpdatePeerUrls {
+        id: u64,
+        url: String,
+        via: Option<String>,
+    },
     /// Start a backup round (take if due → prune → drill) in the background; it reports
     /// back through the observation of a later tick (`Observation::backup_rounds`).
     BackupRound,

@@ -23,14 +23,15 @@ impl Planner for PeerUrl {
         let Ok(status) = &seen.local.status else {
             return vec![];
         };
-        if status.leader == 0 {
-            return vec![];
-        }
-        let Some(me) = seen
-            .members
-            .as_deref()
-            .and_then(|ms| ms.iter().find(|m| m.id == status.member_id))
-        else {
+        // With a leader, the local member's list and the local member to ask; without one,
+        // a peer's list and that peer (the leader may be unable to reach this member at
+        // the URL its entry still names).
+        let (listing, via) = match (status.leader, &seen.cluster_members) {
+            (0, Some((peer, members))) => (Some(members.as_slice()), Some(peer.clone())),
+            (0, None) => return vec![],
+            _ => (seen.members.as_deref(), None),
+        };
+        let Some(me) = listing.and_then(|ms| ms.iter().find(|m| m.id == status.member_id)) else {
             return vec![];
         };
         if me.peer_urls.contains(&seen.own_peer_url) {
@@ -46,6 +47,7 @@ impl Planner for PeerUrl {
         vec![Step::UpdatePeerUrls {
             id: status.member_id,
             url: seen.own_peer_url.clone(),
+            via,
         }]
     }
 }
@@ -85,6 +87,7 @@ mod tests {
             own_peer_url: NEW.into(),
             learners: vec![],
             joining: None,
+            cluster_members: None,
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
@@ -103,6 +106,7 @@ mod tests {
         let update = vec![Step::UpdatePeerUrls {
             id: 1,
             url: NEW.into(),
+            via: None,
         }];
         assert_eq!(p.plan(&seen(t, 2, old)), update);
         assert!(p.plan(&seen(t + Duration::from_secs(1), 2, old)).is_empty());
@@ -110,6 +114,31 @@ mod tests {
         assert!(
             p.plan(&seen(t + RETRY * 3, 2, NEW)).is_empty(),
             "listed at its own URL: nothing to do"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_that_hears_no_leader_has_its_old_entry_updated_through_a_peer() {
+        // Peer TLS switched on while this member led: the others elected a leader that
+        // dials this member at the old http:// URL, so it never hears from it.
+        let old = "http://etcd-1.etcd.default.svc.cluster.local:2380";
+        let peer = "http://etcd-2.etcd.default.svc.cluster.local:2379".to_string();
+        let t = Instant::now();
+        let mut leaderless = seen(t, 0, old);
+        leaderless.members = None;
+        leaderless.cluster_members = Some((peer.clone(), seen(t, 2, old).members.unwrap()));
+        assert_eq!(
+            PeerUrl::default().plan(&leaderless),
+            vec![Step::UpdatePeerUrls {
+                id: 1,
+                url: NEW.into(),
+                via: Some(peer.clone()),
+            }]
+        );
+        leaderless.cluster_members = Some((peer, seen(t, 2, NEW).members.unwrap()));
+        assert!(
+            PeerUrl::default().plan(&leaderless).is_empty(),
+            "the peer lists it at its own URL: nothing to do"
         );
     }
 }
