@@ -35,6 +35,10 @@ pub enum Op {
     Remove,
     Promote,
     UpdatePeerUrls,
+    Defragment,
+    DisarmNospace,
+    TryLock,
+    Unlock,
 }
 
 /// One call the code under test made, in order.
@@ -84,6 +88,8 @@ struct State {
     failures: Vec<Failure>,
     /// Calls that take this long (in tokio time) before they are answered.
     delays: Vec<(String, Op, Duration)>,
+    /// The lease holding a lock key, by key.
+    locks: HashMap<String, i64>,
 }
 
 /// An etcd cluster in memory. Clones share the same cluster.
@@ -111,6 +117,7 @@ impl FakeCluster {
                 calls: Vec::new(),
                 failures: Vec::new(),
                 delays: Vec::new(),
+                locks: HashMap::new(),
             })),
         }
     }
@@ -457,6 +464,48 @@ impl Etcd for FakeMember {
                 return Err(EtcdError::LearnerNotReady { id });
             }
             m.info.is_learner = false;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn defragment(&self) -> Result<(), EtcdError> {
+        self.call(Op::Defragment, None, |s, e| s.reach(e).map(drop))
+            .await
+    }
+
+    async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
+        self.call(Op::DisarmNospace, None, |s, e| {
+            s.voter_with_leader(e)?;
+            let mut n = 0;
+            for m in &mut s.members {
+                let before = m.errors.len();
+                m.errors.retain(|x| !x.contains("NOSPACE"));
+                n += before - m.errors.len();
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn try_lock(&self, key: &str, _value: &str, _ttl: i64) -> Result<Option<i64>, EtcdError> {
+        self.call(Op::TryLock, Some(key.to_string()), |s, e| {
+            s.voter_with_leader(e)?;
+            if s.locks.contains_key(key) {
+                return Ok(None);
+            }
+            s.next_id += 1;
+            let lease = i64::try_from(s.next_id).unwrap_or(i64::MAX);
+            s.locks.insert(key.to_string(), lease);
+            Ok(Some(lease))
+        })
+        .await
+    }
+
+    async fn unlock(&self, lease: i64) -> Result<(), EtcdError> {
+        self.call(Op::Unlock, None, |s, e| {
+            s.voter_with_leader(e)?;
+            s.locks.retain(|_, l| *l != lease);
             Ok(())
         })
         .await
