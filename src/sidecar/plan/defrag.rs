@@ -28,6 +28,8 @@ pub const LOCK_KEY: &str = "/etcd-steward/defrag";
 pub const LOCK_TTL_SECS: i64 = 60;
 /// After a defragmentation (or a failed one) of this member, the next waits this long.
 pub const COOL_DOWN: Duration = Duration::from_secs(60);
+/// The same under NOSPACE, where writes wait on every member.
+pub const NOSPACE_COOL_DOWN: Duration = Duration::from_secs(5);
 /// Under NOSPACE the alarm is disarmed only when every member's file is under this share of
 /// the quota (in percent), so that writes do not raise it again at once.
 pub const NOSPACE_MARGIN_PERCENT: u64 = 80;
@@ -180,7 +182,7 @@ pub enum Wait {
     Unhealthy { member: u64 },
     /// Another member goes first (a follower before this one, or any before the leader).
     Turn { first: u64 },
-    /// This member was defragmented less than [`COOL_DOWN`] ago.
+    /// This member was defragmented less than [`COOL_DOWN`] ago ([`NOSPACE_COOL_DOWN`]).
     CoolingDown,
     /// Another sidecar holds the lock key.
     LockHeld,
@@ -201,7 +203,7 @@ impl fmt::Display for Wait {
                 "member {member:x} is not healthy (no status, no leader, or a learner): no defragmentation until every member is"
             ),
             Wait::Turn { first } => write!(f, "member {first:x} defragments first"),
-            Wait::CoolingDown => write!(f, "this member was defragmented less than {COOL_DOWN:?} ago"),
+            Wait::CoolingDown => f.write_str("this member was defragmented a moment ago"),
             Wait::LockHeld => write!(f, "another member holds {LOCK_KEY}"),
             Wait::TooLarge { member, in_use, quota } => write!(
                 f,
@@ -440,13 +442,19 @@ impl Defrag {
                 sizes: status.and_then(sizes),
             });
         }
+        let nospace = nospace(me) || seen.peers.iter().any(nospace);
+        let cool_down = if nospace {
+            NOSPACE_COOL_DOWN
+        } else {
+            COOL_DOWN
+        };
         Some(Input {
             me: me.member_id,
             leader: me.leader,
             members,
-            nospace: nospace(me) || seen.peers.iter().any(nospace),
+            nospace,
             scheduled: self.policy.schedule.is_some_and(|d| since(self.last) >= d),
-            cooling_down: self.last.is_some_and(|_| since(self.last) < COOL_DOWN),
+            cooling_down: self.last.is_some_and(|_| since(self.last) < cool_down),
             lock_held: self
                 .lock_refused
                 .is_some_and(|t| seen.now.saturating_duration_since(t) < Duration::from_secs(5)),
