@@ -208,7 +208,7 @@ async fn nospace_with_data_too_large_stays_and_says_why(etcd: Etcd) {
         "the leader's sidecar says what the operator must do",
         || async {
             set.read_logs(leader, "sidecar")
-                .contains("--quota-backend-bytes")
+                .contains("defragmenting cannot free enough")
         },
     )
     .await;

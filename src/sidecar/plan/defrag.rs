@@ -371,6 +371,7 @@ struct DefragMetrics {
     failures: Counter,
     last_freed: Gauge,
     disarmed: Counter,
+    nospace: Gauge,
 }
 
 impl Defrag {
@@ -380,6 +381,7 @@ impl Defrag {
             failures: Counter::default(),
             last_freed: Gauge::default(),
             disarmed: Counter::default(),
+            nospace: Gauge::default(),
         };
         registry.register(
             "etcd_steward_defrag",
@@ -400,6 +402,11 @@ impl Defrag {
             "etcd_steward_nospace_disarmed",
             "NOSPACE alarms this sidecar disarmed after defragmentation",
             metrics.disarmed.clone(),
+        );
+        registry.register(
+            "etcd_steward_nospace_alarm",
+            "1 while the local member reports the NOSPACE alarm (etcd refuses writes)",
+            metrics.nospace.clone(),
         );
         Defrag {
             policy,
@@ -442,6 +449,7 @@ impl Defrag {
                 sizes: status.and_then(sizes),
             });
         }
+        self.metrics.nospace.set(i64::from(nospace(me)));
         let nospace = nospace(me) || seen.peers.iter().any(nospace);
         let cool_down = if nospace {
             NOSPACE_COOL_DOWN
