@@ -50,7 +50,9 @@ pub async fn execute<D: Dns, C: Connector>(
         },
         Step::DisarmNospace => match conn.local().await {
             Ok(local) => local.disarm_nospace().await.map(|n| {
-                tracing::warn!(alarms = n, "NOSPACE disarmed: every member's database file is under the quota with margin after defragmentation; writes resume");
+                if n > 0 {
+                    tracing::warn!(alarms = n, "NOSPACE disarmed: every member's database file is under the quota with margin after defragmentation; writes resume");
+                }
             }),
             Err(e) => Err(e),
         },
