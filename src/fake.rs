@@ -74,6 +74,8 @@ struct Member {
     raft_index: u64,
     up: bool,
     errors: Vec<String>,
+    /// The database file's size and the part in use.
+    db: (i64, i64),
 }
 
 #[derive(Debug)]
@@ -149,6 +151,7 @@ impl FakeCluster {
             raft_index: 0,
             up: true,
             errors: Vec::new(),
+            db: (0, 0),
         });
     }
 
@@ -181,6 +184,28 @@ impl FakeCluster {
     }
 
     /// Makes `op` on `endpoint` (`host:port`) fail with `error`, `times` times.
+    /// Sets member `id`'s database file size and the part of it in use.
+    pub fn set_db_size(&self, id: u64, size: i64, in_use: i64) {
+        if let Some(m) = self.lock().members.iter_mut().find(|m| m.info.id == id) {
+            m.db = (size, in_use);
+        }
+    }
+
+    /// Another client holds lock `key` (`None`: nobody does).
+    pub fn hold_lock(&self, key: &str, held: bool) {
+        let mut s = self.lock();
+        if held {
+            s.locks.insert(key.to_string(), -1);
+        } else {
+            s.locks.remove(key);
+        }
+    }
+
+    /// The locks held, by key.
+    pub fn locks(&self) -> Vec<String> {
+        self.lock().locks.keys().cloned().collect()
+    }
+
     pub fn fail(&self, endpoint: &str, op: Op, error: EtcdError, times: Times) {
         self.lock().failures.push(Failure {
             endpoint: Some(endpoint.to_string()),
@@ -361,6 +386,8 @@ impl Etcd for FakeMember {
                 raft_term: s.raft_term,
                 is_learner: m.info.is_learner,
                 errors: m.errors.clone(),
+                db_size: m.db.0,
+                db_size_in_use: m.db.1,
                 ..Default::default()
             })
         })
@@ -415,6 +442,7 @@ impl Etcd for FakeMember {
                 raft_index: 0,
                 up: false,
                 errors: Vec::new(),
+                db: (0, 0),
             });
             Ok(info)
         })
@@ -470,8 +498,14 @@ impl Etcd for FakeMember {
     }
 
     async fn defragment(&self) -> Result<(), EtcdError> {
-        self.call(Op::Defragment, None, |s, e| s.reach(e).map(drop))
-            .await
+        self.call(Op::Defragment, None, |s, e| {
+            let id = s.reach(e)?.info.id;
+            if let Some(m) = s.members.iter_mut().find(|m| m.info.id == id) {
+                m.db.0 = m.db.1;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
