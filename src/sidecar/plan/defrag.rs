@@ -752,4 +752,53 @@ mod tests {
         assert!(text.contains("--quota-backend-bytes"), "{text}");
         assert!(text.contains("delete keys"), "{text}");
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn sizes() -> impl Strategy<Value = Option<(u64, u64)>> {
+            prop_oneof![
+                1 => Just(None),
+                8 => (1u64..3000, 0u64..100).prop_map(|(db, pct)| Some((db, db * pct / 100))),
+            ]
+        }
+
+        proptest! {
+            /// Every sidecar sees the same statuses: at most one of them defragments, and the
+            /// leader only when no follower needs it.
+            #[test]
+            fn at_most_one_member_defragments_and_the_leader_last(
+                s in proptest::array::uniform3(sizes()),
+                nospace in any::<bool>(),
+                quota_mib in 8u64..4096,
+            ) {
+                let policy = DefragPolicy { quota: quota_mib * MIB, ..policy() };
+                let decisions: Vec<Decision> = (1..=3)
+                    .map(|me| {
+                        let mut i = input(me, s);
+                        i.nospace = nospace;
+                        decide(&policy, &i)
+                    })
+                    .collect();
+                let defrags: Vec<u64> = (1..=3)
+                    .zip(&decisions)
+                    .filter(|(_, d)| matches!(d, Decision::Defrag { .. }))
+                    .map(|(me, _)| me)
+                    .collect();
+                prop_assert!(defrags.len() <= 1, "{decisions:?}");
+                if defrags == [LEADER] {
+                    prop_assert!(
+                        decisions[..2].iter().all(|d| *d == Decision::Idle),
+                        "the leader goes only when no follower needs it: {:?}",
+                        decisions
+                    );
+                }
+                if s.iter().any(Option::is_none) {
+                    prop_assert!(defrags.is_empty(), "an unhealthy member stops everyone");
+                    prop_assert!(!decisions.contains(&Decision::Disarm));
+                }
+            }
+        }
+    }
 }
