@@ -233,9 +233,5 @@ macro_rules! per_version {
 per_version! {
     fragmented => fragmented_members_are_defragmented_one_at_a_time_leader_last,
     nospace_disarmed => nospace_is_defragmented_and_disarmed_once_keys_are_deleted,
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nospace_too_large_3_5() {
-    nospace_with_data_too_large_stays_and_says_why(Etcd::V3_5).await;
+    nospace_too_large => nospace_with_data_too_large_stays_and_says_why,
 }

@@ -207,7 +207,7 @@ impl fmt::Display for Wait {
             Wait::LockHeld => write!(f, "another member holds {LOCK_KEY}"),
             Wait::TooLarge { member, in_use, quota } => write!(
                 f,
-                "NOSPACE: member {member:x} holds {} in use, over {NOSPACE_MARGIN_PERCENT}% of the quota ({}); defragmenting cannot free enough, so the alarm stays. Raise etcd's --quota-backend-bytes (and the sidecar's), or delete keys and compact, then etcdctl defrag and etcdctl alarm disarm",
+                "NOSPACE: member {member:x} holds {} in use, over {NOSPACE_MARGIN_PERCENT}% of the quota ({}); defragmenting cannot free enough, so the alarm stays. Raise etcd's --quota-backend-bytes (and the sidecar's), or delete keys and compact: the sidecars then defragment and disarm",
                 Bytes(*in_use),
                 Bytes(*quota)
             ),
