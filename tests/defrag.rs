@@ -44,10 +44,20 @@ async fn delete_and_compact(c: &mut Client, prefix: &str) {
     c.compact(rev, Some(CompactionOptions::new().with_physical()))
         .await
         .unwrap();
-    // bolt counts the pages the compaction freed as free only after a later write commits.
-    for i in 0..3 {
+    // bolt counts the pages the compaction freed as free only after a later write commits;
+    // under NOSPACE only deletes are taken (of the keys `pad` wrote).
+    for i in 0..PADS {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let _ = c.put(format!("{prefix}tick"), format!("{i}"), None).await;
+        c.delete(format!("pad/{i}"), None).await.unwrap();
+    }
+}
+
+const PADS: usize = 3;
+
+/// Small keys that `delete_and_compact` deletes after its compaction.
+async fn pad(c: &mut Client) {
+    for i in 0..PADS {
+        c.put(format!("pad/{i}"), "p", None).await.unwrap();
     }
 }
 
@@ -72,6 +82,7 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
     set.start_all(WAIT).await.unwrap();
     let leader = set.leader().await.unwrap();
     let mut c = set.any_client().await.unwrap();
+    pad(&mut c).await;
     for i in 0..40 {
         c.put(format!("big/{i:03}"), vec![b'x'; VALUE], None)
             .await
@@ -143,6 +154,7 @@ async fn nospace_is_defragmented_and_disarmed_once_keys_are_deleted(etcd: Etcd) 
     }
     set.wait_up(WAIT).await.unwrap();
     let mut c = set.any_client().await.unwrap();
+    pad(&mut c).await;
     let mut refused = None;
     for i in 0..200 {
         if let Err(e) = c.put(format!("fill/{i:03}"), vec![b'x'; VALUE], None).await {

@@ -362,7 +362,8 @@ pub struct Defrag {
     lock_refused: Option<Instant>,
     /// The file size before the last defragmentation, to measure what it freed.
     before: Option<u64>,
-    logged: Option<Decision>,
+    /// What was last logged (a wait's kind), so that each is logged once.
+    logged: Option<String>,
     metrics: DefragMetrics,
 }
 
@@ -470,7 +471,12 @@ impl Defrag {
     }
 
     fn say(&mut self, d: &Decision) {
-        if self.logged.as_ref() == Some(d) {
+        // The sizes in a wait change at every write: they do not make it a new wait.
+        let key = match d {
+            Decision::Wait(Wait::TooLarge { member, .. }) => format!("too large: {member:x}"),
+            other => format!("{other:?}"),
+        };
+        if self.logged.as_deref() == Some(key.as_str()) {
             return;
         }
         match d {
@@ -480,7 +486,7 @@ impl Defrag {
             Decision::Wait(w) => tracing::info!(reason = %w, "defragmentation waits"),
             _ => {}
         }
-        self.logged = Some(d.clone());
+        self.logged = Some(key);
     }
 }
 
