@@ -150,6 +150,8 @@ pub struct CommonArgs {
     pub auth_password_file: Option<PathBuf>,
     #[command(flatten)]
     pub backup: BackupArgs,
+    #[command(flatten)]
+    pub defrag: DefragArgs,
 }
 
 /// etcd credentials; `Debug` never shows the password.
@@ -225,6 +227,8 @@ pub struct Config {
     pub auth: Option<Auth>,
     /// Backups, when `--backup-url` is given.
     pub backup: Option<crate::backup::BackupConfig>,
+    /// Defragmentation and the NOSPACE alarm (sidecar).
+    pub defrag: crate::sidecar::plan::defrag::DefragPolicy,
 }
 
 impl Config {
@@ -431,6 +435,7 @@ impl CommonArgs {
             }
         };
         let backup = self.backup.validate(&mut problems);
+        let defrag = self.defrag.validate(&mut problems);
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -463,6 +468,7 @@ impl CommonArgs {
             peer_report_port,
             auth,
             backup,
+            defrag,
         })
     }
 }
@@ -510,6 +516,78 @@ impl InitArgs {
             dry_run: self.dry_run,
             etcd_args: self.etcd_args.clone(),
         })
+    }
+}
+
+// ---- defragmentation and NOSPACE (issue 12) --------------------------------------------
+
+/// When the sidecar defragments its member, and what NOSPACE is measured against.
+#[derive(Debug, Args)]
+pub struct DefragArgs {
+    /// Defragment a member when its database file is at least this fragmented:
+    /// `PERCENT%,SIZE`, both reached (free share of the file and free bytes, e.g.
+    /// `50%,100MiB`); `0` turns it off.
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_DEFRAG_THRESHOLD",
+        default_value = "50%,100MiB"
+    )]
+    pub defrag_threshold: String,
+    /// Also defragment every member this often, fragmented or not (humantime: 24h, 7d).
+    /// Off by default.
+    #[arg(long, env = "ETCD_STEWARD_DEFRAG_SCHEDULE")]
+    pub defrag_schedule: Option<String>,
+    /// etcd's --quota-backend-bytes (give both the same value; SIZE such as 8GiB): under
+    /// NOSPACE the alarm is disarmed only when every member's file is under 80% of it.
+    #[arg(long, env = "ETCD_STEWARD_QUOTA_BACKEND_BYTES", default_value = "2GiB")]
+    pub quota_backend_bytes: String,
+}
+
+impl DefragArgs {
+    /// The typed policy; adds every broken constraint to `problems`.
+    pub fn validate(
+        &self,
+        problems: &mut Vec<String>,
+    ) -> crate::sidecar::plan::defrag::DefragPolicy {
+        use crate::sidecar::plan::defrag::{parse_size, DefragPolicy, Threshold};
+        let threshold = Threshold::parse(&self.defrag_threshold).unwrap_or_else(|e| {
+            problems.push(format!("--defrag-threshold: {e}"));
+            None
+        });
+        let schedule = match self
+            .defrag_schedule
+            .as_deref()
+            .map(humantime::parse_duration)
+        {
+            None => None,
+            Some(Ok(d)) if d >= Duration::from_secs(60) => Some(d),
+            Some(_) => {
+                problems.push(format!(
+                    "--defrag-schedule must be a duration of at least 1m such as 24h, got {:?}",
+                    self.defrag_schedule.as_deref().unwrap_or_default()
+                ));
+                None
+            }
+        };
+        let quota = match parse_size(self.quota_backend_bytes.trim()) {
+            Ok(q) if q >= 1 << 20 => q,
+            Ok(_) => {
+                problems.push(format!(
+                    "--quota-backend-bytes must be at least 1MiB, got {:?}",
+                    self.quota_backend_bytes
+                ));
+                0
+            }
+            Err(e) => {
+                problems.push(format!("--quota-backend-bytes: {e}"));
+                0
+            }
+        };
+        DefragPolicy {
+            threshold,
+            schedule,
+            quota,
+        }
     }
 }
 
@@ -971,5 +1049,60 @@ mod tests {
             assert_eq!(b.restore, crate::backup::RestoreChoice::Never);
             assert_eq!(b.tool.kind, crate::backup::tool::ToolKind::Etcdctl);
         }
+    }
+    #[test]
+    fn defrag_options_default_on_and_bad_ones_name_their_constraint() {
+        let c = match common(&["--name", "etcd-0", "--replicas", "3"]).validate() {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        let t = c.defrag.threshold.map(|t| (t.free_percent, t.free_bytes));
+        assert_eq!(t, Some((50, 100 << 20)));
+        assert_eq!(c.defrag.schedule, None);
+        assert_eq!(c.defrag.quota, 2 << 30);
+        let c = common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--defrag-threshold",
+            "0",
+            "--defrag-schedule",
+            "24h",
+            "--quota-backend-bytes",
+            "16MiB",
+        ])
+        .validate();
+        let c = c.map_err(|e| e.to_string());
+        assert!(
+            matches!(&c, Ok(c) if c.defrag.threshold.is_none()
+            && c.defrag.schedule == Some(Duration::from_secs(86_400))
+            && c.defrag.quota == 16 << 20),
+            "{c:?}"
+        );
+        let e = common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--defrag-threshold",
+            "half",
+            "--defrag-schedule",
+            "1s",
+            "--quota-backend-bytes",
+            "lots",
+        ])
+        .validate();
+        let text = e
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+            .err()
+            .unwrap_or_default();
+        assert!(text.contains("--defrag-threshold"), "{text}");
+        assert!(
+            text.contains("--defrag-schedule must be a duration of at least 1m"),
+            "{text}"
+        );
+        assert!(text.contains("--quota-backend-bytes"), "{text}");
     }
 }

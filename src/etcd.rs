@@ -63,7 +63,24 @@ pub trait Etcd: Send + Sync {
         id: u64,
         urls: &[String],
     ) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    /// Defragments this member's backend (it serves no request meanwhile; no time-out).
+    fn defragment(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    /// Deactivates every NOSPACE alarm in the cluster; returns how many there were.
+    fn disarm_nospace(&self) -> impl Future<Output = Result<usize, EtcdError>> + Send;
+    /// Puts `key` = `value` on a new lease of `ttl_secs` unless `key` exists: the lease ID
+    /// when taken, `None` when another holds it.
+    fn try_lock(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_secs: i64,
+    ) -> impl Future<Output = Result<Option<i64>, EtcdError>> + Send;
+    /// Revokes `lease`, which deletes the key it holds.
+    fn unlock(&self, lease: i64) -> impl Future<Output = Result<(), EtcdError>> + Send;
 }
+
+/// How long a defragmentation may take before it counts as failed (etcd goes on with it).
+pub const DEFRAG_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Opens connections to members by address.
 pub trait Connector: Send + Sync {
@@ -117,6 +134,9 @@ impl EtcdClientConnector {
 pub struct EtcdClientMember {
     client: Client,
     endpoint: String,
+    /// How it was connected, for the defragmentation's own connection (no short time-out).
+    url: String,
+    options: ConnectOptions,
 }
 
 impl Connector for EtcdClientConnector {
@@ -143,7 +163,7 @@ impl Connector for EtcdClientConnector {
                 .with_user(auth.username.clone(), auth.password.clone())
                 .with_auto_token_refresh(true);
         }
-        let client = match Client::connect([url.clone()], Some(options)).await {
+        let client = match Client::connect([url.clone()], Some(options.clone())).await {
             Ok(client) => client,
             // A learner refuses to authenticate anyone; it serves Status without a token.
             Err(e)
@@ -156,13 +176,18 @@ impl Connector for EtcdClientConnector {
                     Some(tls) => options.with_tls(tls.etcd_client_tls(host)),
                     None => options,
                 };
-                Client::connect([url], Some(options))
+                Client::connect([url.clone()], Some(options.clone()))
                     .await
                     .map_err(|e| classify(&endpoint, e))?
             }
             Err(e) => return Err(classify(&endpoint, e)),
         };
-        Ok(EtcdClientMember { client, endpoint })
+        Ok(EtcdClientMember {
+            client,
+            endpoint,
+            url,
+            options,
+        })
     }
 }
 
@@ -348,6 +373,82 @@ impl Etcd for EtcdClientMember {
             .await
             .map(drop)
             .map_err(|e| with_id(classify(&self.endpoint, e), id))
+    }
+
+    async fn defragment(&self) -> Result<(), EtcdError> {
+        let options = self.options.clone().with_timeout(DEFRAG_TIMEOUT);
+        let mut client = Client::connect([self.url.clone()], Some(options))
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        client
+            .defragment()
+            .await
+            .map(drop)
+            .map_err(|e| classify(&self.endpoint, e))
+    }
+
+    async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
+        use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+        let mut client = self.client.clone();
+        let listed = client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        let mut disarmed = 0;
+        for a in listed.alarms() {
+            if a.alarm() != AlarmType::Nospace {
+                continue;
+            }
+            let mut options = AlarmOptions::new();
+            options.with_member(a.member_id());
+            client
+                .alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(options))
+                .await
+                .map_err(|e| classify(&self.endpoint, e))?;
+            disarmed += 1;
+        }
+        Ok(disarmed)
+    }
+
+    async fn try_lock(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_secs: i64,
+    ) -> Result<Option<i64>, EtcdError> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let mut client = self.client.clone();
+        let lease = client
+            .lease_grant(ttl_secs, None)
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?
+            .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let taken = client
+            .txn(txn)
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?
+            .succeeded();
+        if taken {
+            return Ok(Some(lease));
+        }
+        let _ = client.lease_revoke(lease).await;
+        Ok(None)
+    }
+
+    async fn unlock(&self, lease: i64) -> Result<(), EtcdError> {
+        self.client
+            .clone()
+            .lease_revoke(lease)
+            .await
+            .map(drop)
+            .map_err(|e| classify(&self.endpoint, e))
     }
 }
 

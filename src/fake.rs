@@ -35,6 +35,10 @@ pub enum Op {
     Remove,
     Promote,
     UpdatePeerUrls,
+    Defragment,
+    DisarmNospace,
+    TryLock,
+    Unlock,
 }
 
 /// One call the code under test made, in order.
@@ -70,6 +74,8 @@ struct Member {
     raft_index: u64,
     up: bool,
     errors: Vec<String>,
+    /// The database file's size and the part in use.
+    db: (i64, i64),
 }
 
 #[derive(Debug)]
@@ -84,6 +90,8 @@ struct State {
     failures: Vec<Failure>,
     /// Calls that take this long (in tokio time) before they are answered.
     delays: Vec<(String, Op, Duration)>,
+    /// The lease holding a lock key, by key.
+    locks: HashMap<String, i64>,
 }
 
 /// An etcd cluster in memory. Clones share the same cluster.
@@ -111,6 +119,7 @@ impl FakeCluster {
                 calls: Vec::new(),
                 failures: Vec::new(),
                 delays: Vec::new(),
+                locks: HashMap::new(),
             })),
         }
     }
@@ -142,6 +151,7 @@ impl FakeCluster {
             raft_index: 0,
             up: true,
             errors: Vec::new(),
+            db: (0, 0),
         });
     }
 
@@ -174,6 +184,28 @@ impl FakeCluster {
     }
 
     /// Makes `op` on `endpoint` (`host:port`) fail with `error`, `times` times.
+    /// Sets member `id`'s database file size and the part of it in use.
+    pub fn set_db_size(&self, id: u64, size: i64, in_use: i64) {
+        if let Some(m) = self.lock().members.iter_mut().find(|m| m.info.id == id) {
+            m.db = (size, in_use);
+        }
+    }
+
+    /// Another client holds lock `key` (`None`: nobody does).
+    pub fn hold_lock(&self, key: &str, held: bool) {
+        let mut s = self.lock();
+        if held {
+            s.locks.insert(key.to_string(), -1);
+        } else {
+            s.locks.remove(key);
+        }
+    }
+
+    /// The locks held, by key.
+    pub fn locks(&self) -> Vec<String> {
+        self.lock().locks.keys().cloned().collect()
+    }
+
     pub fn fail(&self, endpoint: &str, op: Op, error: EtcdError, times: Times) {
         self.lock().failures.push(Failure {
             endpoint: Some(endpoint.to_string()),
@@ -354,6 +386,8 @@ impl Etcd for FakeMember {
                 raft_term: s.raft_term,
                 is_learner: m.info.is_learner,
                 errors: m.errors.clone(),
+                db_size: m.db.0,
+                db_size_in_use: m.db.1,
                 ..Default::default()
             })
         })
@@ -408,6 +442,7 @@ impl Etcd for FakeMember {
                 raft_index: 0,
                 up: false,
                 errors: Vec::new(),
+                db: (0, 0),
             });
             Ok(info)
         })
@@ -457,6 +492,54 @@ impl Etcd for FakeMember {
                 return Err(EtcdError::LearnerNotReady { id });
             }
             m.info.is_learner = false;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn defragment(&self) -> Result<(), EtcdError> {
+        self.call(Op::Defragment, None, |s, e| {
+            let id = s.reach(e)?.info.id;
+            if let Some(m) = s.members.iter_mut().find(|m| m.info.id == id) {
+                m.db.0 = m.db.1;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
+        self.call(Op::DisarmNospace, None, |s, e| {
+            s.voter_with_leader(e)?;
+            let mut n = 0;
+            for m in &mut s.members {
+                let before = m.errors.len();
+                m.errors.retain(|x| !x.contains("NOSPACE"));
+                n += before - m.errors.len();
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    async fn try_lock(&self, key: &str, _value: &str, _ttl: i64) -> Result<Option<i64>, EtcdError> {
+        self.call(Op::TryLock, Some(key.to_string()), |s, e| {
+            s.voter_with_leader(e)?;
+            if s.locks.contains_key(key) {
+                return Ok(None);
+            }
+            s.next_id += 1;
+            let lease = i64::try_from(s.next_id).unwrap_or(i64::MAX);
+            s.locks.insert(key.to_string(), lease);
+            Ok(Some(lease))
+        })
+        .await
+    }
+
+    async fn unlock(&self, lease: i64) -> Result<(), EtcdError> {
+        self.call(Op::Unlock, None, |s, e| {
+            s.voter_with_leader(e)?;
+            s.locks.retain(|_, l| *l != lease);
             Ok(())
         })
         .await

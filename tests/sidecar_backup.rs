@@ -52,6 +52,7 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
         journal: JournalView::default(),
         previous: Vec::new(),
         backup_rounds: rounds,
+        peers: Vec::new(),
     }
 }
 

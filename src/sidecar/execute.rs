@@ -51,15 +51,63 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no connection".into(),
             }),
         },
+        Step::Defrag { lock, .. } => match conn.local().await {
+            Ok(local) => match defragment(local, *lock).await {
+                Ok(true) => Ok(()),
+                Ok(false) => return logged(Outcome::NotYet(step)),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
+        Step::DisarmNospace => match conn.local().await {
+            Ok(local) => local.disarm_nospace().await.map(|n| {
+                if n > 0 {
+                    tracing::warn!(alarms = n, "NOSPACE disarmed: every member's database file is under the quota with margin after defragmentation; writes resume");
+                }
+            }),
+            Err(e) => Err(e),
+        },
     };
-    let outcome = match result {
+    logged(match result {
         Ok(()) => Outcome::Done(step),
         Err(EtcdError::AlreadyVoter { .. }) => Outcome::Moot(step),
         Err(EtcdError::LearnerNotReady { .. }) => Outcome::NotYet(step),
         Err(e) => Outcome::Failed(step, e.to_string()),
-    };
+    })
+}
+
+fn logged(outcome: Outcome) -> Outcome {
     log(&outcome);
     outcome
+}
+
+/// Defragments the local member, under the lock key when `lock`; `Ok(false)` when another
+/// sidecar holds the lock.
+async fn defragment<E: Etcd>(local: &E, lock: bool) -> Result<bool, EtcdError> {
+    use super::plan::defrag::{LOCK_KEY, LOCK_TTL_SECS};
+    let lease = match lock {
+        true => match local
+            .try_lock(LOCK_KEY, local.endpoint(), LOCK_TTL_SECS)
+            .await?
+        {
+            Some(lease) => Some(lease),
+            None => return Ok(false),
+        },
+        false => None,
+    };
+    let started = tokio::time::Instant::now();
+    let result = local.defragment().await;
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        ok = result.is_ok(),
+        "defragmentation ended"
+    );
+    if let Some(lease) = lease {
+        if let Err(e) = local.unlock(lease).await {
+            tracing::warn!(error = %e, "could not release the defragmentation lock; its lease expires on its own");
+        }
+    }
+    result.map(|()| true)
 }
 
 fn log(outcome: &Outcome) {
@@ -90,11 +138,31 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
+        Outcome::Done(Step::Defrag { why, lock }) => {
+            tracing::warn!(why = %why, locked = lock, "member defragmented");
+        }
+        Outcome::NotYet(Step::Defrag { .. }) => {
+            tracing::info!("another member is defragmenting (lock held); waiting");
+        }
+        Outcome::Failed(Step::Defrag { why, .. }, error) => {
+            tracing::warn!(why = %why, %error, "defragmentation failed; retrying after a pause");
+        }
+        Outcome::Done(Step::DisarmNospace) => {}
+        Outcome::Failed(Step::DisarmNospace, error) => {
+            tracing::warn!(%error, "could not disarm NOSPACE; retrying");
+        }
         Outcome::Moot(
-            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+            Step::RemoveLearner { .. }
+            | Step::BackupRound
+            | Step::UpdatePeerUrls { .. }
+            | Step::Defrag { .. }
+            | Step::DisarmNospace,
         )
         | Outcome::NotYet(
-            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+            Step::RemoveLearner { .. }
+            | Step::BackupRound
+            | Step::UpdatePeerUrls { .. }
+            | Step::DisarmNospace,
         ) => {}
     }
 }

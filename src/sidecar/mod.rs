@@ -72,6 +72,7 @@ pub struct Sidecar<D, C: Connector, P> {
     init_metrics: InitMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
+    defrag: plan::defrag::DefragPolicy,
 }
 
 /// The sidecar's share of a recovery (see [`recovery`]).
@@ -174,6 +175,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
             recovery: None,
+            defrag: cfg.defrag,
         }
     }
 
@@ -202,6 +204,10 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             .as_mut()
             .map(BackupRounds::ended)
             .unwrap_or_default();
+        if plan::defrag::wants_peers(&self.defrag, &seen) {
+            let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
+            seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
+        }
         let mut health = assess(&seen.local);
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
             if !health.ready.ok {
@@ -212,6 +218,12 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
             for step in planner.plan(&seen) {
+                if let Step::Defrag { why, .. } = &step {
+                    // etcd serves nothing while it defragments: not ready meanwhile.
+                    let reason = format!("defragmenting: {why}");
+                    self.health
+                        .send_modify(|h| h.ready = health::Check { ok: false, reason });
+                }
                 let outcome = execute::execute(&mut self.conn, self.backups.as_ref(), step).await;
                 planner.learn(&outcome);
                 outcomes.push(outcome);

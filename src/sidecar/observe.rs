@@ -56,6 +56,9 @@ pub struct Observation {
     pub previous: Vec<Outcome>,
     /// The backup rounds that ended since the last tick (filled in by the loop).
     pub backup_rounds: Vec<RoundEnd>,
+    /// The other voters' status, asked only when the defragmentation planner needs them
+    /// (filled in by the loop, see [`peer_statuses`]).
+    pub peers: Vec<MemberStatus>,
 }
 
 impl Observation {
@@ -246,7 +249,25 @@ pub async fn observe<D: Dns, C: Connector>(
         journal,
         previous: Vec::new(),
         backup_rounds: Vec::new(),
+        peers: Vec::new(),
     }
+}
+
+/// Every other member's status, each asked through its first client URL (those that do
+/// not answer are left out).
+pub async fn peer_statuses<D: Dns, C: Connector>(
+    conn: &mut Connections<D, C>,
+    me: u64,
+    members: Option<&[MemberInfo]>,
+) -> Vec<MemberStatus> {
+    let mut out = Vec::new();
+    for m in members.unwrap_or_default().iter().filter(|m| m.id != me) {
+        let ask = member_status(conn, m.id, Some(std::slice::from_ref(m)));
+        if let Ok(Some(s)) = tokio::time::timeout(PEER_API_TIMEOUT, ask).await {
+            out.push(s);
+        }
+    }
+    out
 }
 
 type LocalAnswers = (

@@ -114,6 +114,11 @@ auth when on. Both containers must derive the same cluster from it.
 - name: ETCD_STEWARD_AUTO_RECOVER_AFTER
   value: {{ . | quote }}
 {{- end }}
+{{- if ne (int64 .Values.etcd.quotaBackendBytes) 2147483648 }}
+{{- /* What the sidecar measures NOSPACE against: etcd's --quota-backend-bytes (2 GiB is its default). */}}
+- name: ETCD_STEWARD_QUOTA_BACKEND_BYTES
+  value: {{ int64 .Values.etcd.quotaBackendBytes | quote }}
+{{- end }}
 {{- if ne .Values.clusterDomain "cluster.local" }}
 - name: ETCD_STEWARD_CLUSTER_DOMAIN
   value: {{ .Values.clusterDomain | quote }}

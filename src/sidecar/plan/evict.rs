@@ -205,6 +205,7 @@ mod planner_tests {
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
+            peers: Vec::new(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! scale-in) is a new planner: one file here, and one line in [`planners`].
 
 pub mod backup;
+pub mod defrag;
 pub mod evict;
 pub mod peer_url;
 pub mod promote;
@@ -33,6 +34,11 @@ pub enum Step {
     /// Start a backup round (take if due → prune → drill) in the background; it reports
     /// back through the observation of a later tick (`Observation::backup_rounds`).
     BackupRound,
+    /// Defragment the local member (under the lock key when `lock`); `/ready` says so
+    /// meanwhile.
+    Defrag { why: defrag::DefragWhy, lock: bool },
+    /// Deactivate every NOSPACE alarm, through the local member.
+    DisarmNospace,
 }
 
 /// Why a step is intended: the log says it, tests match on it.
@@ -96,5 +102,6 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
     if let Some(b) = &cfg.backup {
         planners.push(Box::new(backup::Backup::new(b.interval, registry)));
     }
+    planners.push(Box::new(defrag::Defrag::new(cfg.defrag, registry)));
     planners
 }

@@ -91,6 +91,7 @@ mod tests {
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
+            peers: Vec::new(),
         }
     }
 

@@ -1,0 +1,810 @@
+//! Defragmentation and the space alarm (NOSPACE). etcd's database file never shrinks by
+//! itself; each sidecar defragments its own member when the file is fragmented beyond
+//! `--defrag-threshold` (or `--defrag-schedule` is due), one member at a time across the
+//! cluster: followers first (lowest member ID first), the leader last, only while every
+//! member answers. Under NOSPACE it defragments where that brings the file under the quota
+//! with margin, then disarms the alarm; when the data really is too large it says so and
+//! leaves the alarm to the operator.
+//!
+//! One at a time holds twice: each member's sidecar sees the same order (every member's
+//! status), and the step runs under a lease-held lock key in etcd (`/etcd-steward/defrag`),
+//! except under NOSPACE, where etcd refuses the lease (then the order alone serialises).
+
+use std::fmt;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use super::{Outcome, Planner, Step};
+use crate::facts::MemberStatus;
+use crate::sidecar::observe::Observation;
+
+/// The lock key every sidecar takes before it defragments its member.
+pub const LOCK_KEY: &str = "/etcd-steward/defrag";
+/// The lock's lease: released (revoked) right after; expires on its own if the sidecar dies.
+pub const LOCK_TTL_SECS: i64 = 60;
+/// After a defragmentation (or a failed one) of this member, the next waits this long.
+pub const COOL_DOWN: Duration = Duration::from_secs(60);
+/// The same under NOSPACE, where writes wait on every member.
+pub const NOSPACE_COOL_DOWN: Duration = Duration::from_secs(5);
+/// Under NOSPACE the alarm is disarmed only when every member's file is under this share of
+/// the quota (in percent), so that writes do not raise it again at once.
+pub const NOSPACE_MARGIN_PERCENT: u64 = 80;
+/// Under NOSPACE a member is worth defragmenting when at least this much of its file is free.
+const NOSPACE_MIN_FREE: u64 = 1 << 20;
+
+/// `--defrag-threshold`: defragment when both the free share and the free bytes are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Threshold {
+    /// Free share of the file, in percent (1..=100).
+    pub free_percent: u8,
+    /// Free bytes.
+    pub free_bytes: u64,
+}
+
+impl Threshold {
+    /// Parses `PERCENT%,SIZE` (e.g. `50%,100MiB`; SIZE in B, KiB, MiB, GiB, or KB, MB, GB);
+    /// `0` is off (`None`).
+    pub fn parse(s: &str) -> Result<Option<Threshold>, String> {
+        let s = s.trim();
+        if s == "0" || s.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        let (ratio, bytes) = s.split_once(',').ok_or_else(|| {
+            format!("expected PERCENT%,SIZE such as 50%,100MiB (or 0 for off), got {s:?}")
+        })?;
+        let free_percent = ratio
+            .trim()
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse::<u8>().ok())
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| {
+                format!("the free share must be a percentage from 1% to 100%, got {ratio:?}")
+            })?;
+        let free_bytes = parse_size(bytes.trim())?;
+        Ok(Some(Threshold {
+            free_percent,
+            free_bytes,
+        }))
+    }
+
+    /// Whether a file of `db_size` bytes with `in_use` bytes in use is fragmented beyond it.
+    pub fn reached(&self, db_size: u64, in_use: u64) -> bool {
+        let free = db_size.saturating_sub(in_use);
+        free > 0
+            && free >= self.free_bytes
+            && free.saturating_mul(100) >= db_size.saturating_mul(u64::from(self.free_percent))
+    }
+}
+
+impl fmt::Display for Threshold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}% and {} free",
+            self.free_percent,
+            Bytes(self.free_bytes)
+        )
+    }
+}
+
+/// A byte count such as `100MiB`, `8GiB`, `512KB` or `1048576`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("a size must be a whole number of bytes with an optional unit (B, KiB, MiB, GiB, KB, MB, GB), got {s:?}"))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "Ki" => 1 << 10,
+        "MiB" | "Mi" => 1 << 20,
+        "GiB" | "Gi" => 1 << 30,
+        "KB" | "K" => 1_000,
+        "MB" | "M" => 1_000_000,
+        "GB" | "G" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB or GB)"
+            ))
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// Bytes, rendered for people.
+#[derive(Debug, Clone, Copy)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b >= 1 << 30 {
+            write!(f, "{:.1} GiB", b as f64 / f64::from(1u32 << 30))
+        } else if b >= 1 << 20 {
+            write!(f, "{:.1} MiB", b as f64 / f64::from(1u32 << 20))
+        } else {
+            write!(f, "{b} B")
+        }
+    }
+}
+
+/// The validated defragmentation options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefragPolicy {
+    /// `None`: no defragmentation for fragmentation alone (`--defrag-threshold=0`).
+    pub threshold: Option<Threshold>,
+    /// `--defrag-schedule`: also defragment this often, fragmented or not.
+    pub schedule: Option<Duration>,
+    /// `--quota-backend-bytes`, as etcd is given it: what NOSPACE is measured against.
+    pub quota: u64,
+}
+
+/// Why this member is defragmented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefragWhy {
+    /// Fragmented beyond `--defrag-threshold`.
+    Fragmented { db_size: u64, in_use: u64 },
+    /// `--defrag-schedule` is due.
+    Scheduled,
+    /// NOSPACE is raised and defragmenting brings the file under the quota with margin.
+    Nospace { db_size: u64, in_use: u64 },
+}
+
+impl fmt::Display for DefragWhy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DefragWhy::Fragmented { db_size, in_use } => write!(
+                f,
+                "the database file ({}) is fragmented beyond --defrag-threshold ({} in use)",
+                Bytes(*db_size),
+                Bytes(*in_use)
+            ),
+            DefragWhy::Scheduled => f.write_str("--defrag-schedule is due"),
+            DefragWhy::Nospace { db_size, in_use } => write!(
+                f,
+                "NOSPACE is raised and defragmenting frees enough (file {}, {} in use)",
+                Bytes(*db_size),
+                Bytes(*in_use)
+            ),
+        }
+    }
+}
+
+/// Why nothing is done although something is needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    /// A member did not answer its status (or the cluster has no leader, or a learner).
+    Unhealthy { member: u64 },
+    /// Another member goes first (a follower before this one, or any before the leader).
+    Turn { first: u64 },
+    /// This member was defragmented less than [`COOL_DOWN`] ago ([`NOSPACE_COOL_DOWN`]).
+    CoolingDown,
+    /// Another sidecar holds the lock key.
+    LockHeld,
+    /// NOSPACE, and the data in use does not fit under the quota with margin: defragmenting
+    /// cannot help; the operator must act.
+    TooLarge {
+        member: u64,
+        in_use: u64,
+        quota: u64,
+    },
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Wait::Unhealthy { member } => write!(
+                f,
+                "member {member:x} is not healthy (no status, no leader, or a learner): no defragmentation until every member is"
+            ),
+            Wait::Turn { first } => write!(f, "member {first:x} defragments first"),
+            Wait::CoolingDown => f.write_str("this member was defragmented a moment ago"),
+            Wait::LockHeld => write!(f, "another member holds {LOCK_KEY}"),
+            Wait::TooLarge { member, in_use, quota } => write!(
+                f,
+                "NOSPACE: member {member:x} holds {} in use, over {NOSPACE_MARGIN_PERCENT}% of the quota ({}); defragmenting cannot free enough, so the alarm stays. Raise etcd's --quota-backend-bytes (and the sidecar's), or delete keys and compact: the sidecars then defragment and disarm",
+                Bytes(*in_use),
+                Bytes(*quota)
+            ),
+        }
+    }
+}
+
+/// What the planner concludes from one look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing is needed.
+    Idle,
+    /// Defragment this member; `lock`: take the lock key first (not under NOSPACE).
+    Defrag { why: DefragWhy, lock: bool },
+    /// Every member fits under the quota with margin: disarm NOSPACE.
+    Disarm,
+    /// Something is needed, but not now.
+    Wait(Wait),
+}
+
+/// One voter, as this tick saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    pub id: u64,
+    /// `(db_size, db_size_in_use)`, or `None` when it did not answer (or is a learner).
+    pub sizes: Option<(u64, u64)>,
+}
+
+/// Everything the decision reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    pub me: u64,
+    /// 0 when there is none.
+    pub leader: u64,
+    /// Every member of the cluster, this one included.
+    pub members: Vec<MemberView>,
+    pub nospace: bool,
+    /// `--defrag-schedule` is due for this member.
+    pub scheduled: bool,
+    /// This member was defragmented (or tried) less than [`COOL_DOWN`] ago.
+    pub cooling_down: bool,
+    /// The lock was refused on the last try, not long ago.
+    pub lock_held: bool,
+}
+
+/// The pure decision.
+pub fn decide(policy: &DefragPolicy, i: &Input) -> Decision {
+    let margin = policy.quota / 100 * NOSPACE_MARGIN_PERCENT;
+    let need = |m: &MemberView| -> Option<DefragWhy> {
+        let (db_size, in_use) = m.sizes?;
+        if i.nospace {
+            let free = db_size.saturating_sub(in_use);
+            return (free > 0 && (free >= NOSPACE_MIN_FREE || db_size >= margin))
+                .then_some(DefragWhy::Nospace { db_size, in_use });
+        }
+        if policy.threshold.is_some_and(|t| t.reached(db_size, in_use)) {
+            return Some(DefragWhy::Fragmented { db_size, in_use });
+        }
+        (m.id == i.me && i.scheduled).then_some(DefragWhy::Scheduled)
+    };
+    if i.nospace {
+        if let Some((member, in_use)) = i
+            .members
+            .iter()
+            .filter_map(|m| m.sizes.map(|(_, u)| (m.id, u)))
+            .find(|(_, u)| *u >= margin)
+        {
+            return Decision::Wait(Wait::TooLarge {
+                member,
+                in_use,
+                quota: policy.quota,
+            });
+        }
+    }
+    // Followers by member ID, then the leader.
+    let mut order: Vec<&MemberView> = i.members.iter().collect();
+    order.sort_by_key(|m| (m.id == i.leader, m.id));
+    let first = order.iter().find_map(|m| need(m).map(|why| (m.id, why)));
+    let Some((first, why)) = first else {
+        if i.nospace {
+            return match i.members.iter().find(|m| m.sizes.is_none()) {
+                Some(m) => Decision::Wait(Wait::Unhealthy { member: m.id }),
+                None if i
+                    .members
+                    .iter()
+                    .all(|m| m.sizes.is_some_and(|(db, _)| db < margin)) =>
+                {
+                    Decision::Disarm
+                }
+                None => Decision::Idle,
+            };
+        }
+        return Decision::Idle;
+    };
+    if first != i.me {
+        // Nothing to do here unless this member needs it too.
+        let mine = i.members.iter().find(|m| m.id == i.me);
+        if mine.and_then(need).is_none() {
+            return Decision::Idle;
+        }
+    }
+    if i.leader == 0 {
+        return Decision::Wait(Wait::Unhealthy { member: i.me });
+    }
+    if let Some(m) = i.members.iter().find(|m| m.sizes.is_none()) {
+        return Decision::Wait(Wait::Unhealthy { member: m.id });
+    }
+    if first != i.me {
+        return Decision::Wait(Wait::Turn { first });
+    }
+    if i.cooling_down {
+        return Decision::Wait(Wait::CoolingDown);
+    }
+    if i.lock_held && !i.nospace {
+        return Decision::Wait(Wait::LockHeld);
+    }
+    Decision::Defrag {
+        why,
+        lock: !i.nospace,
+    }
+}
+
+/// Whether this tick must ask the other members' status: only when the local member itself
+/// may need something (the other sidecars look after theirs), so a lean cluster costs
+/// nothing.
+pub fn wants_peers(policy: &DefragPolicy, seen: &Observation) -> bool {
+    let Ok(me) = seen.local.status.as_ref() else {
+        return false;
+    };
+    let (db, in_use) = (
+        u64::try_from(me.db_size).unwrap_or(0),
+        u64::try_from(me.db_size_in_use).unwrap_or(0),
+    );
+    !me.is_learner
+        && me.leader != 0
+        && (nospace(me)
+            || policy.schedule.is_some()
+            || policy.threshold.is_some_and(|t| t.reached(db, in_use)))
+}
+
+/// Whether `status` reports the NOSPACE alarm.
+pub fn nospace(status: &MemberStatus) -> bool {
+    status.errors.iter().any(|e| e.contains("NOSPACE"))
+}
+
+/// The defragmentation planner: its memory (last defragmentation, lock refusals), its
+/// metrics, and the log of its waits (each logged once).
+pub struct Defrag {
+    policy: DefragPolicy,
+    started: Option<Instant>,
+    last: Option<Instant>,
+    lock_refused: Option<Instant>,
+    /// The file size before the last defragmentation, to measure what it freed.
+    before: Option<u64>,
+    /// What was last logged (a wait's kind), so that each is logged once.
+    logged: Option<String>,
+    metrics: DefragMetrics,
+}
+
+struct DefragMetrics {
+    total: Counter,
+    failures: Counter,
+    last_freed: Gauge,
+    disarmed: Counter,
+    nospace: Gauge,
+}
+
+impl Defrag {
+    pub fn new(policy: DefragPolicy, registry: &mut Registry) -> Self {
+        let metrics = DefragMetrics {
+            total: Counter::default(),
+            failures: Counter::default(),
+            last_freed: Gauge::default(),
+            disarmed: Counter::default(),
+            nospace: Gauge::default(),
+        };
+        registry.register(
+            "etcd_steward_defrag",
+            "Defragmentations of this member that succeeded",
+            metrics.total.clone(),
+        );
+        registry.register(
+            "etcd_steward_defrag_failures",
+            "Defragmentations of this member that failed",
+            metrics.failures.clone(),
+        );
+        registry.register(
+            "etcd_steward_defrag_last_freed_bytes",
+            "How much the last defragmentation of this member shrank its database file",
+            metrics.last_freed.clone(),
+        );
+        registry.register(
+            "etcd_steward_nospace_disarmed",
+            "NOSPACE alarms this sidecar disarmed after defragmentation",
+            metrics.disarmed.clone(),
+        );
+        registry.register(
+            "etcd_steward_nospace_alarm",
+            "1 while the local member reports the NOSPACE alarm (etcd refuses writes)",
+            metrics.nospace.clone(),
+        );
+        Defrag {
+            policy,
+            started: None,
+            last: None,
+            lock_refused: None,
+            before: None,
+            logged: None,
+            metrics,
+        }
+    }
+
+    /// This tick's input, or `None` when the local member is not a voter that answers.
+    pub fn input(&mut self, seen: &Observation) -> Option<Input> {
+        let me = seen.local.status.as_ref().ok()?;
+        if me.is_learner {
+            return None;
+        }
+        let started = *self.started.get_or_insert(seen.now);
+        let since = |t: Option<Instant>| seen.now.saturating_duration_since(t.unwrap_or(started));
+        let sizes = |s: &MemberStatus| {
+            (!s.is_learner && s.leader != 0).then_some((
+                u64::try_from(s.db_size).unwrap_or(0),
+                u64::try_from(s.db_size_in_use).unwrap_or(0),
+            ))
+        };
+        let mut members = vec![MemberView {
+            id: me.member_id,
+            sizes: sizes(me),
+        }];
+        for m in seen
+            .members
+            .iter()
+            .flatten()
+            .filter(|m| m.id != me.member_id)
+        {
+            let status = seen.peers.iter().find(|s| s.member_id == m.id);
+            members.push(MemberView {
+                id: m.id,
+                sizes: status.and_then(sizes),
+            });
+        }
+        self.metrics.nospace.set(i64::from(nospace(me)));
+        let nospace = nospace(me) || seen.peers.iter().any(nospace);
+        let cool_down = if nospace {
+            NOSPACE_COOL_DOWN
+        } else {
+            COOL_DOWN
+        };
+        Some(Input {
+            me: me.member_id,
+            leader: me.leader,
+            members,
+            nospace,
+            scheduled: self.policy.schedule.is_some_and(|d| since(self.last) >= d),
+            cooling_down: self.last.is_some_and(|_| since(self.last) < cool_down),
+            lock_held: self
+                .lock_refused
+                .is_some_and(|t| seen.now.saturating_duration_since(t) < Duration::from_secs(5)),
+        })
+    }
+
+    fn say(&mut self, d: &Decision) {
+        // The sizes in a wait change at every write: they do not make it a new wait.
+        let key = match d {
+            Decision::Wait(Wait::TooLarge { member, .. }) => format!("too large: {member:x}"),
+            other => format!("{other:?}"),
+        };
+        if self.logged.as_deref() == Some(key.as_str()) {
+            return;
+        }
+        match d {
+            Decision::Wait(w @ Wait::TooLarge { .. }) => {
+                tracing::error!(reason = %w, "NOSPACE: the data is too large to fix by defragmentation");
+            }
+            Decision::Wait(w) => tracing::info!(reason = %w, "defragmentation waits"),
+            _ => {}
+        }
+        self.logged = Some(key);
+    }
+}
+
+impl Planner for Defrag {
+    fn plan(&mut self, seen: &Observation) -> Vec<Step> {
+        let Some(input) = self.input(seen) else {
+            return Vec::new();
+        };
+        if let (Some(before), Some(me)) = (self.before, seen.local.status.as_ref().ok()) {
+            let after = u64::try_from(me.db_size).unwrap_or(0);
+            self.metrics
+                .last_freed
+                .set(i64::try_from(before.saturating_sub(after)).unwrap_or(i64::MAX));
+            tracing::info!(
+                before = before,
+                after = after,
+                "database file after defragmentation"
+            );
+            self.before = None;
+        }
+        let decision = decide(&self.policy, &input);
+        self.say(&decision);
+        match decision {
+            Decision::Defrag { why, lock } => {
+                self.last = Some(seen.now);
+                self.before = seen
+                    .local
+                    .status
+                    .as_ref()
+                    .ok()
+                    .map(|s| u64::try_from(s.db_size).unwrap_or(0));
+                vec![Step::Defrag { why, lock }]
+            }
+            // The leader's sidecar disarms, so that one does it.
+            Decision::Disarm if input.leader == input.me => vec![Step::DisarmNospace],
+            _ => Vec::new(),
+        }
+    }
+
+    fn learn(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Done(Step::Defrag { .. }) => {
+                self.metrics.total.inc();
+            }
+            Outcome::NotYet(Step::Defrag { .. }) => {
+                // The lock was held: not a defragmentation, try again after a short wait.
+                self.lock_refused = self.last;
+                self.last = None;
+                self.before = None;
+            }
+            Outcome::Failed(Step::Defrag { .. }, _) => {
+                self.metrics.failures.inc();
+                self.before = None;
+            }
+            Outcome::Done(Step::DisarmNospace) => {
+                self.metrics.disarmed.inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const LEADER: u64 = 3;
+
+    fn policy() -> DefragPolicy {
+        DefragPolicy {
+            threshold: Some(Threshold {
+                free_percent: 50,
+                free_bytes: 100 * MIB,
+            }),
+            schedule: None,
+            quota: 2048 * MIB,
+        }
+    }
+
+    /// Three members, 1 and 2 followers, 3 the leader; each (db_size, in_use) in MiB.
+    fn input(me: u64, sizes: [Option<(u64, u64)>; 3]) -> Input {
+        Input {
+            me,
+            leader: LEADER,
+            members: (1..=3)
+                .zip(sizes)
+                .map(|(id, s)| MemberView {
+                    id,
+                    sizes: s.map(|(d, u)| (d * MIB, u * MIB)),
+                })
+                .collect(),
+            nospace: false,
+            scheduled: false,
+            cooling_down: false,
+            lock_held: false,
+        }
+    }
+
+    const LEAN: Option<(u64, u64)> = Some((300, 250));
+    const FRAGMENTED: Option<(u64, u64)> = Some((1000, 300));
+
+    #[test]
+    fn threshold_parses_percent_and_size_or_off() {
+        assert_eq!(
+            Threshold::parse("50%,100MiB"),
+            Ok(Some(Threshold {
+                free_percent: 50,
+                free_bytes: 100 * MIB
+            }))
+        );
+        assert_eq!(Threshold::parse("0"), Ok(None));
+        assert!(Threshold::parse("50%").is_err());
+        assert!(Threshold::parse("150%,1MiB").is_err());
+        assert!(Threshold::parse("50%,1XB").is_err());
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("16777216"), Ok(16 << 20));
+    }
+
+    #[test]
+    fn fragmented_follower_defrags() {
+        let d = decide(&policy(), &input(1, [FRAGMENTED, LEAN, LEAN]));
+        assert!(matches!(
+            d,
+            Decision::Defrag {
+                why: DefragWhy::Fragmented { .. },
+                lock: true
+            }
+        ));
+    }
+
+    #[test]
+    fn lean_member_does_nothing() {
+        assert_eq!(
+            decide(&policy(), &input(1, [LEAN, LEAN, LEAN])),
+            Decision::Idle
+        );
+    }
+
+    #[test]
+    fn followers_go_by_id_and_the_leader_waits_for_them() {
+        let all = [FRAGMENTED, FRAGMENTED, FRAGMENTED];
+        assert!(matches!(
+            decide(&policy(), &input(1, all)),
+            Decision::Defrag { .. }
+        ));
+        assert_eq!(
+            decide(&policy(), &input(2, all)),
+            Decision::Wait(Wait::Turn { first: 1 })
+        );
+        assert_eq!(
+            decide(&policy(), &input(LEADER, all)),
+            Decision::Wait(Wait::Turn { first: 1 })
+        );
+        // Once the followers are lean, the leader goes.
+        assert!(matches!(
+            decide(&policy(), &input(LEADER, [LEAN, LEAN, FRAGMENTED])),
+            Decision::Defrag { .. }
+        ));
+    }
+
+    #[test]
+    fn unhealthy_member_means_nobody_defrags() {
+        assert_eq!(
+            decide(&policy(), &input(1, [FRAGMENTED, None, LEAN])),
+            Decision::Wait(Wait::Unhealthy { member: 2 })
+        );
+        let mut no_leader = input(1, [FRAGMENTED, LEAN, LEAN]);
+        no_leader.leader = 0;
+        assert!(matches!(
+            decide(&policy(), &no_leader),
+            Decision::Wait(Wait::Unhealthy { .. })
+        ));
+    }
+
+    #[test]
+    fn lock_held_by_another_waits() {
+        let mut i = input(1, [FRAGMENTED, LEAN, LEAN]);
+        i.lock_held = true;
+        assert_eq!(decide(&policy(), &i), Decision::Wait(Wait::LockHeld));
+    }
+
+    #[test]
+    fn cooling_down_after_a_defrag_waits() {
+        let mut i = input(1, [FRAGMENTED, LEAN, LEAN]);
+        i.cooling_down = true;
+        assert_eq!(decide(&policy(), &i), Decision::Wait(Wait::CoolingDown));
+    }
+
+    #[test]
+    fn threshold_zero_never_defrags_for_fragmentation() {
+        let off = DefragPolicy {
+            threshold: None,
+            ..policy()
+        };
+        assert_eq!(
+            decide(&off, &input(1, [FRAGMENTED, FRAGMENTED, FRAGMENTED])),
+            Decision::Idle
+        );
+        // The threshold needs both the share and the bytes.
+        assert!(!policy()
+            .threshold
+            .is_some_and(|t| t.reached(150 * MIB, 60 * MIB)));
+        assert!(!policy()
+            .threshold
+            .is_some_and(|t| t.reached(10_000 * MIB, 9_000 * MIB)));
+    }
+
+    #[test]
+    fn schedule_defrags_a_lean_member_in_turn() {
+        let mut i = input(2, [LEAN, LEAN, LEAN]);
+        i.scheduled = true;
+        assert!(matches!(
+            decide(&policy(), &i),
+            Decision::Defrag {
+                why: DefragWhy::Scheduled,
+                ..
+            }
+        ));
+    }
+
+    fn nospace_policy() -> DefragPolicy {
+        DefragPolicy {
+            quota: 16 * MIB,
+            ..policy()
+        }
+    }
+
+    #[test]
+    fn nospace_with_enough_to_free_defrags_then_disarms() {
+        // 16 MiB files with 2 MiB in use: each defragments, followers first, without the lock.
+        let full = Some((16, 2));
+        let mut i = input(1, [full, full, full]);
+        i.nospace = true;
+        assert!(matches!(
+            decide(&nospace_policy(), &i),
+            Decision::Defrag {
+                why: DefragWhy::Nospace { .. },
+                lock: false
+            }
+        ));
+        let mut leader = input(LEADER, [full, full, full]);
+        leader.nospace = true;
+        assert_eq!(
+            decide(&nospace_policy(), &leader),
+            Decision::Wait(Wait::Turn { first: 1 })
+        );
+        // All lean again: disarm.
+        let lean = Some((2, 2));
+        let mut done = input(LEADER, [lean, lean, lean]);
+        done.nospace = true;
+        assert_eq!(decide(&nospace_policy(), &done), Decision::Disarm);
+    }
+
+    #[test]
+    fn nospace_with_data_too_large_does_not_disarm_and_says_why() {
+        let full = Some((16, 15));
+        let mut i = input(LEADER, [full, full, full]);
+        i.nospace = true;
+        let d = decide(&nospace_policy(), &i);
+        assert!(matches!(
+            d,
+            Decision::Wait(Wait::TooLarge { member: 1, .. })
+        ));
+        let text = match d {
+            Decision::Wait(w) => w.to_string(),
+            _ => String::new(),
+        };
+        assert!(text.contains("--quota-backend-bytes"), "{text}");
+        assert!(text.contains("delete keys"), "{text}");
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn sizes() -> impl Strategy<Value = Option<(u64, u64)>> {
+            prop_oneof![
+                1 => Just(None),
+                8 => (1u64..3000, 0u64..100).prop_map(|(db, pct)| Some((db, db * pct / 100))),
+            ]
+        }
+
+        proptest! {
+            /// Every sidecar sees the same statuses: at most one of them defragments, and the
+            /// leader only when no follower needs it.
+            #[test]
+            fn at_most_one_member_defragments_and_the_leader_last(
+                s in proptest::array::uniform3(sizes()),
+                nospace in any::<bool>(),
+                quota_mib in 8u64..4096,
+            ) {
+                let policy = DefragPolicy { quota: quota_mib * MIB, ..policy() };
+                let decisions: Vec<Decision> = (1..=3)
+                    .map(|me| {
+                        let mut i = input(me, s);
+                        i.nospace = nospace;
+                        decide(&policy, &i)
+                    })
+                    .collect();
+                let defrags: Vec<u64> = (1..=3)
+                    .zip(&decisions)
+                    .filter(|(_, d)| matches!(d, Decision::Defrag { .. }))
+                    .map(|(me, _)| me)
+                    .collect();
+                prop_assert!(defrags.len() <= 1, "{decisions:?}");
+                if defrags == [LEADER] {
+                    prop_assert!(
+                        decisions[..2].iter().all(|d| *d == Decision::Idle),
+                        "the leader goes only when no follower needs it: {:?}",
+                        decisions
+                    );
+                }
+                if s.iter().any(Option::is_none) {
+                    prop_assert!(defrags.is_empty(), "an unhealthy member stops everyone");
+                    prop_assert!(!decisions.contains(&Decision::Disarm));
+                }
+            }
+        }
+    }
+}
