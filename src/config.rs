@@ -150,6 +150,8 @@ pub struct CommonArgs {
     pub auth_password_file: Option<PathBuf>,
     #[command(flatten)]
     pub backup: BackupArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// etcd credentials; `Debug` never shows the password.
@@ -225,6 +227,10 @@ pub struct Config {
     pub auth: Option<Auth>,
     /// Backups, when `--backup-url` is given.
     pub backup: Option<crate::backup::BackupConfig>,
+    /// The Kubernetes API, when its URL is known (`--kube-api-url`, or in a cluster).
+    pub kube: Option<crate::kube_api::KubeAccess>,
+    /// `--scale-in`: how often the leader's sidecar asks the API.
+    pub scale_in: Option<Duration>,
 }
 
 impl Config {
@@ -431,6 +437,9 @@ impl CommonArgs {
             }
         };
         let backup = self.backup.validate(&mut problems);
+        let (kube, scale_in) = self
+            .kube
+            .validate(&set_name, &self.namespace, &mut problems);
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -463,6 +472,8 @@ impl CommonArgs {
             peer_report_port,
             auth,
             backup,
+            kube,
+            scale_in,
         })
     }
 }
@@ -510,6 +521,108 @@ impl InitArgs {
             dry_run: self.dry_run,
             etcd_args: self.etcd_args.clone(),
         })
+    }
+}
+
+// ---- scale-in (issue 12) ---------------------------------------------------------------
+
+/// Kubernetes API options: scale-in in the sidecar, and `leave --if-scaled-in`.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// The leader's sidecar removes the members of ordinals >= the StatefulSet's
+    /// spec.replicas whose pods are gone (needs the API: RBAC get on the StatefulSet,
+    /// get/list on pods). Off by default.
+    #[arg(long, env = "ETCD_STEWARD_SCALE_IN")]
+    pub scale_in: bool,
+    /// How often the sidecar asks the API (humantime).
+    #[arg(long, env = "ETCD_STEWARD_SCALE_IN_INTERVAL", default_value = "10s")]
+    pub scale_in_interval: String,
+    /// The API's URL [default: in a cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT].
+    #[arg(long, env = "ETCD_STEWARD_KUBE_API_URL")]
+    pub kube_api_url: Option<String>,
+    #[arg(
+        long = "kubernetes-service-host",
+        env = "KUBERNETES_SERVICE_HOST",
+        hide = true
+    )]
+    pub service_host: Option<String>,
+    #[arg(
+        long = "kubernetes-service-port",
+        env = "KUBERNETES_SERVICE_PORT",
+        hide = true
+    )]
+    pub service_port: Option<String>,
+    /// The bearer token, read before every call.
+    #[arg(long, env = "ETCD_STEWARD_KUBE_TOKEN_FILE", default_value = crate::kube_api::SA_TOKEN)]
+    pub kube_token_file: PathBuf,
+    /// The CA of the API server's certificate (https).
+    #[arg(long, env = "ETCD_STEWARD_KUBE_CA_FILE", default_value = crate::kube_api::SA_CA)]
+    pub kube_ca_file: PathBuf,
+    /// The StatefulSet [default: the pod name without -<ordinal>].
+    #[arg(long, env = "ETCD_STEWARD_STATEFULSET_NAME")]
+    pub statefulset_name: Option<String>,
+}
+
+impl KubeArgs {
+    /// The API access (when its URL is known) and the scale-in interval (with --scale-in).
+    fn validate(
+        &self,
+        set_name: &str,
+        namespace: &str,
+        problems: &mut Vec<String>,
+    ) -> (Option<crate::kube_api::KubeAccess>, Option<Duration>) {
+        let statefulset = self
+            .statefulset_name
+            .clone()
+            .unwrap_or_else(|| set_name.to_string());
+        if !statefulset.is_empty() && !dns_label_ok(&statefulset) {
+            problems.push(format!(
+                "--statefulset-name {statefulset:?} must be a DNS label"
+            ));
+        }
+        let url = match (&self.kube_api_url, &self.service_host) {
+            (Some(u), _) if !u.is_empty() => Some(u.clone()),
+            (_, Some(host)) if !host.is_empty() => {
+                let port = self.service_port.as_deref().unwrap_or("443");
+                Some(match host.parse::<std::net::Ipv6Addr>() {
+                    Ok(_) => format!("https://[{host}]:{port}"),
+                    Err(_) => format!("https://{host}:{port}"),
+                })
+            }
+            _ => None,
+        };
+        let access = url.map(|url| crate::kube_api::KubeAccess {
+            url,
+            token_file: self.kube_token_file.clone(),
+            ca_file: self.kube_ca_file.clone(),
+            namespace: namespace.to_string(),
+            statefulset,
+        });
+        if !self.scale_in {
+            return (access, None);
+        }
+        let interval = match humantime::parse_duration(&self.scale_in_interval) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            _ => {
+                problems.push(format!(
+                    "--scale-in-interval must be a duration of at least 1s such as 10s, got {:?}",
+                    self.scale_in_interval
+                ));
+                Duration::ZERO
+            }
+        };
+        match &access {
+            None => problems.push(
+                "--scale-in needs the Kubernetes API: run in a cluster (KUBERNETES_SERVICE_HOST) or give --kube-api-url"
+                    .into(),
+            ),
+            Some(a) => {
+                if let Err(e) = crate::kube_api::ApiWorkload::new(a) {
+                    problems.push(format!("--scale-in: {e}"));
+                }
+            }
+        }
+        (access, Some(interval))
     }
 }
 
@@ -700,6 +813,11 @@ pub struct LeaveArgs {
     /// Carry the leave out.
     #[arg(long)]
     pub yes: bool,
+    /// The preStop hook: leave (without the "do not rejoin" marker) only when the
+    /// StatefulSet's spec.replicas no longer covers this pod's ordinal; otherwise do
+    /// nothing and exit 0. Asks the Kubernetes API (implies --yes).
+    #[arg(long)]
+    pub if_scaled_in: bool,
 }
 
 /// `rejoin`'s options.

@@ -51,6 +51,7 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
         journal: JournalView::default(),
         previous: Vec::new(),
         backup_rounds: rounds,
+        scale_in: Default::default(),
     }
 }
 

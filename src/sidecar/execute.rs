@@ -36,6 +36,10 @@ pub async fn execute<D: Dns, C: Connector>(
             Ok(local) => local.remove(*id).await,
             Err(e) => Err(e),
         },
+        Step::RemoveMember { id, .. } => match conn.local().await {
+            Ok(local) => local.remove(*id).await,
+            Err(e) => Err(e),
+        },
         Step::UpdatePeerUrls { id, url } => match conn.local().await {
             Ok(local) => local.update_peer_urls(*id, std::slice::from_ref(url)).await,
             Err(e) => Err(e),
@@ -44,6 +48,9 @@ pub async fn execute<D: Dns, C: Connector>(
     let outcome = match result {
         Ok(()) => Outcome::Done(step),
         Err(EtcdError::AlreadyVoter { .. }) => Outcome::Moot(step),
+        Err(EtcdError::MemberNotFound { .. }) if matches!(step, Step::RemoveMember { .. }) => {
+            Outcome::Moot(step)
+        }
         Err(EtcdError::LearnerNotReady { .. }) => Outcome::NotYet(step),
         Err(e) => Outcome::Failed(step, e.to_string()),
     };
@@ -75,15 +82,27 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::UpdatePeerUrls { id, url }, error) => {
             tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, %error, "could not update this member's peer URL; retrying");
         }
+        Outcome::Done(Step::RemoveMember { id, ordinal }) => {
+            tracing::warn!(member_id = %format!("{id:x}"), ordinal, "scale-in: removed the member of a scaled-away ordinal whose pod is gone");
+        }
+        Outcome::Failed(Step::RemoveMember { id, ordinal }, error) => {
+            tracing::warn!(member_id = %format!("{id:x}"), ordinal, %error, "scale-in: removal failed; retrying");
+        }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
         Outcome::Moot(
-            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+            Step::RemoveLearner { .. }
+            | Step::BackupRound
+            | Step::UpdatePeerUrls { .. }
+            | Step::RemoveMember { .. },
         )
         | Outcome::NotYet(
-            Step::RemoveLearner { .. } | Step::BackupRound | Step::UpdatePeerUrls { .. },
+            Step::RemoveLearner { .. }
+            | Step::BackupRound
+            | Step::UpdatePeerUrls { .. }
+            | Step::RemoveMember { .. },
         ) => {}
     }
 }

@@ -12,6 +12,7 @@ pub mod http;
 pub mod observe;
 pub mod plan;
 pub mod recovery;
+pub mod scale_in;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -72,6 +73,13 @@ pub struct Sidecar<D, C: Connector, P> {
     init_metrics: InitMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
+    /// With `--scale-in`: the API's answers, and (identity, initial size, interval).
+    pub scale_in: Option<(
+        watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
+        crate::identity::Identity,
+        u32,
+        Duration,
+    )>,
 }
 
 /// The sidecar's share of a recovery (see [`recovery`]).
@@ -174,6 +182,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
             recovery: None,
+            scale_in: None,
         }
     }
 
@@ -202,6 +211,14 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             .as_mut()
             .map(BackupRounds::ended)
             .unwrap_or_default();
+        if let Some((rx, identity, initial, interval)) = &self.scale_in {
+            seen.scale_in.workload = rx.borrow().clone();
+            let ask = plan::scale_in::voters_to_ask(identity, *initial, *interval, &seen);
+            if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
+                seen.scale_in.voters_answering =
+                    Some(scale_in::answering_voters(&mut self.conn, &members, &ids).await);
+            }
+        }
         let mut health = assess(&seen.local);
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
             if !health.ready.ok {
@@ -287,6 +304,20 @@ where
         .auto_recover_after
         .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
+    if let (Some(interval), Some(access)) = (cfg.scale_in, &cfg.kube) {
+        if let Ok(api) = crate::kube_api::ApiWorkload::new(access) {
+            let (tx, rx) = watch::channel(None);
+            tokio::spawn(scale_in::watch_workload(
+                api,
+                access.statefulset.clone(),
+                interval,
+                tx,
+                stop.clone(),
+            ));
+            sidecar.scale_in = Some((rx, cfg.identity.clone(), cfg.replicas, interval));
+            tracing::info!(api = %access.url, statefulset = %access.statefulset, "scale-in on: members of ordinals >= spec.replicas whose pods are gone are removed by the leader");
+        }
+    }
     let mut state = AppState::new(
         sidecar.health(),
         Arc::new(registry),

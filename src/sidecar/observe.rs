@@ -51,6 +51,9 @@ pub struct Observation {
     pub previous: Vec<Outcome>,
     /// The backup rounds that ended since the last tick (filled in by the loop).
     pub backup_rounds: Vec<RoundEnd>,
+    /// With `--scale-in`: the Kubernetes API's view and the voters' answers (filled in by
+    /// the loop).
+    pub scale_in: super::plan::scale_in::ScaleInSeen,
 }
 
 impl Observation {
@@ -236,6 +239,7 @@ pub async fn observe<D: Dns, C: Connector>(
         journal,
         previous: Vec::new(),
         backup_rounds: Vec::new(),
+        scale_in: Default::default(),
     }
 }
 

@@ -204,6 +204,7 @@ mod planner_tests {
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
+            scale_in: Default::default(),
         }
     }
 

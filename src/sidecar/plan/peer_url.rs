@@ -88,6 +88,7 @@ mod tests {
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
+            scale_in: Default::default(),
         }
     }
 
