@@ -57,8 +57,16 @@ pub enum Hold {
         voters: usize,
         floor: u32,
     },
-    /// These voters (by ID) did not answer: nothing is removed while one is silent.
+    /// These voters (by ID) did not answer: nothing is removed while one is silent (the
+    /// voters of scaled-away ordinals whose pods are gone are not waited for). Empty when
+    /// they were not asked yet.
     VotersSilent { ordinal: u32, silent: Vec<u64> },
+    /// After the removal, fewer voters would answer than the remaining voters' quorum.
+    NoQuorumAfter {
+        ordinal: u32,
+        remaining: usize,
+        answering: usize,
+    },
 }
 
 impl fmt::Display for Hold {
@@ -71,6 +79,14 @@ impl fmt::Display for Hold {
                 f,
                 "removing ordinal {ordinal} would leave {} voters, fewer than min(initial size, spec.replicas) = {floor}",
                 voters.saturating_sub(1)
+            ),
+            Hold::NoQuorumAfter {
+                ordinal,
+                remaining,
+                answering,
+            } => write!(
+                f,
+                "removing ordinal {ordinal} would leave {remaining} voters of which {answering} answer: fewer than their quorum"
             ),
             Hold::VotersSilent { ordinal, silent } => write!(
                 f,
@@ -107,12 +123,18 @@ pub fn decide(
             .iter()
             .find_map(|u| identity.ordinal_of_peer_url(u))
     };
-    let (member, ordinal) = members
+    // Members of scaled-away ordinals whose pods are gone: removal candidates, and voters
+    // whose silence is expected.
+    let doomed: Vec<(&crate::facts::MemberInfo, u32)> = members
         .iter()
-        .filter(|m| m.id != leader)
         .filter_map(|m| ordinal_of(m).map(|o| (m, o)))
         .filter(|(_, o)| *o >= state.replicas && !state.pods.contains(o))
+        .collect();
+    let (member, ordinal) = doomed
+        .iter()
+        .filter(|(m, _)| m.id != leader)
         .max_by_key(|(_, o)| *o)
+        .copied()
         .ok_or(Hold::Nothing)?;
     let voters: Vec<u64> = members
         .iter()
@@ -129,15 +151,34 @@ pub fn decide(
             });
         }
     }
-    let empty = BTreeSet::new();
-    let answering = seen.scale_in.voters_answering.as_ref().unwrap_or(&empty);
+    let Some(answering) = seen.scale_in.voters_answering.as_ref() else {
+        return Err(Hold::VotersSilent {
+            ordinal,
+            silent: Vec::new(),
+        });
+    };
+    let is_doomed = |id: &u64| doomed.iter().any(|(m, _)| m.id == *id);
     let silent: Vec<u64> = voters
         .iter()
-        .filter(|id| **id != member.id && **id != leader && !answering.contains(id))
+        .filter(|id| **id != leader && !is_doomed(id) && !answering.contains(id))
         .copied()
         .collect();
-    if !silent.is_empty() || seen.scale_in.voters_answering.is_none() {
+    if !silent.is_empty() {
         return Err(Hold::VotersSilent { ordinal, silent });
+    }
+    // The voters that remain must keep their quorum with those that answer.
+    let remaining: Vec<&u64> = voters.iter().filter(|id| **id != member.id).collect();
+    let up = remaining
+        .iter()
+        .filter(|id| ***id == leader || answering.contains(id))
+        .count();
+    let quorum = remaining.len() / 2 + 1;
+    if up < quorum {
+        return Err(Hold::NoQuorumAfter {
+            ordinal,
+            remaining: remaining.len(),
+            answering: up,
+        });
     }
     Ok(Removal {
         id: member.id,
@@ -162,7 +203,17 @@ pub fn voters_to_ask(
         return None;
     }
     match decide(identity, initial, max_age(interval), seen) {
-        Err(Hold::VotersSilent { silent, .. }) => Some(silent),
+        Err(Hold::VotersSilent { .. }) => {
+            let leader = seen.local.status.as_ref().map(|s| s.leader).unwrap_or(0);
+            let voters = seen.members.as_deref().unwrap_or_default();
+            Some(
+                voters
+                    .iter()
+                    .filter(|m| !m.is_learner && m.id != leader)
+                    .map(|m| m.id)
+                    .collect(),
+            )
+        }
         _ => None,
     }
 }
@@ -383,6 +434,22 @@ mod tests {
     }
 
     #[test]
+    fn a_removal_that_would_leave_the_rest_without_quorum_waits() {
+        // spec.replicas 1: ordinals 1..4 are all scaled away and gone. Removing 4 leaves
+        // four voters of which only the leader answers.
+        let mut s = seen(5, 0, 1, &[0]);
+        s.scale_in.voters_answering = Some(BTreeSet::new());
+        assert_eq!(
+            run(&s, 3),
+            Err(Hold::NoQuorumAfter {
+                ordinal: 4,
+                remaining: 4,
+                answering: 1
+            })
+        );
+    }
+
+    #[test]
     fn a_learner_of_a_scaled_away_ordinal_goes_first_and_costs_no_voter() {
         let mut s = without(seen(4, 0, 3, &[0, 1, 2]), &[3]);
         if let Some(m) = s.members.as_mut() {
@@ -400,14 +467,17 @@ mod tests {
     #[test]
     fn a_silent_voter_or_a_silent_api_removes_nothing() {
         let mut s = seen(5, 0, 3, &[0, 1, 2]);
-        s.scale_in.voters_answering = Some(BTreeSet::from([100, 101]));
+        // Ordinals 3 and 4 are scaled away and gone: their silence is expected; 2's is not.
+        s.scale_in.voters_answering = Some(BTreeSet::from([101]));
         assert_eq!(
             run(&s, 3),
             Err(Hold::VotersSilent {
                 ordinal: 4,
-                silent: vec![102, 103]
+                silent: vec![102]
             })
         );
+        s.scale_in.voters_answering = Some(BTreeSet::from([101, 102]));
+        assert_eq!(run(&s, 3).map(|r| r.ordinal), Ok(4));
         s.scale_in.voters_answering = None;
         assert!(matches!(run(&s, 3), Err(Hold::VotersSilent { .. })));
         let mut s = seen(5, 0, 3, &[0, 1, 2]);
