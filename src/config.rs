@@ -874,6 +874,68 @@ mod tests {
     }
 
     #[test]
+    fn scale_in_needs_the_api_and_an_interval_of_at_least_a_second() {
+        let base = [
+            "--name",
+            "etcd-4",
+            "--replicas",
+            "3",
+            "--kubernetes-service-host=",
+        ];
+        let with = |extra: &[&str]| {
+            let mut a = base.to_vec();
+            a.extend_from_slice(extra);
+            common(&a).validate()
+        };
+        let problems = |r: Result<Config, ConfigError>| match r {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.problems.join("; "),
+        };
+        assert!(problems(with(&["--scale-in"])).contains("--scale-in needs the Kubernetes API"));
+        let p = problems(with(&[
+            "--scale-in",
+            "--kube-api-url=http://127.0.0.1:8001",
+            "--scale-in-interval=0s",
+        ]));
+        assert!(
+            p.contains("--scale-in-interval must be a duration of at least 1s"),
+            "{p}"
+        );
+        assert!(problems(with(&[
+            "--scale-in",
+            "--kube-api-url=https://10.96.0.1",
+            "--kube-ca-file=/nonexistent/ca.crt"
+        ]))
+        .contains("--kube-ca-file"));
+        let c = match with(&["--scale-in", "--kube-api-url=http://127.0.0.1:8001"]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.scale_in, Some(Duration::from_secs(10)));
+        assert_eq!(c.kube.map(|k| k.statefulset), Some("etcd".to_string()));
+        // Off by default; in a cluster the API's address is known all the same (for the
+        // preStop hook, `leave --if-scaled-in`).
+        let c = match common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--kubernetes-service-host=10.96.0.1",
+            "--kubernetes-service-port=443",
+        ])
+        .validate()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.scale_in, None);
+        assert_eq!(
+            c.kube.map(|k| k.url),
+            Some("https://10.96.0.1:443".to_string())
+        );
+    }
+
+    #[test]
     fn defaults_follow_the_statefulset_conventions() {
         let c = common(&["--name", "etcd-2", "--replicas", "3"]).validate();
         let c = c.map_err(|e| e.to_string());
