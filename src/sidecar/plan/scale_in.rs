@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use super::{Outcome, Planner, Step};
+use crate::facts::MemberInfo;
 use crate::identity::Identity;
 use crate::kube_api::WorkloadState;
 use crate::sidecar::observe::Observation;
@@ -101,6 +102,25 @@ impl fmt::Display for Hold {
     }
 }
 
+/// Members of scaled-away ordinals whose pods are gone: the removal candidates, and the
+/// voters whose silence is expected.
+fn doomed<'a>(
+    identity: &Identity,
+    state: &WorkloadState,
+    members: &'a [MemberInfo],
+) -> Vec<(&'a MemberInfo, u32)> {
+    members
+        .iter()
+        .filter_map(|m| {
+            m.peer_urls
+                .iter()
+                .find_map(|u| identity.ordinal_of_peer_url(u))
+                .map(|o| (m, o))
+        })
+        .filter(|(_, o)| *o >= state.replicas && !state.pods.contains(o))
+        .collect()
+}
+
 /// Pure: the one member to remove now, or why none. `initial` is `--replicas` (the initial
 /// size); a workload view older than `max_age` counts as none.
 pub fn decide(
@@ -118,18 +138,7 @@ pub fn decide(
         _ => return Err(Hold::NoWorkload),
     };
     let members = seen.members.as_deref().ok_or(Hold::Nothing)?;
-    let ordinal_of = |m: &crate::facts::MemberInfo| {
-        m.peer_urls
-            .iter()
-            .find_map(|u| identity.ordinal_of_peer_url(u))
-    };
-    // Members of scaled-away ordinals whose pods are gone: removal candidates, and voters
-    // whose silence is expected.
-    let doomed: Vec<(&crate::facts::MemberInfo, u32)> = members
-        .iter()
-        .filter_map(|m| ordinal_of(m).map(|o| (m, o)))
-        .filter(|(_, o)| *o >= state.replicas && !state.pods.contains(o))
-        .collect();
+    let doomed = doomed(identity, state, members);
     let (member, ordinal) = doomed
         .iter()
         .filter(|(m, _)| m.id != leader)
@@ -205,11 +214,18 @@ pub fn voters_to_ask(
     match decide(identity, initial, max_age(interval), seen) {
         Err(Hold::VotersSilent { .. }) => {
             let leader = seen.local.status.as_ref().map(|s| s.leader).unwrap_or(0);
-            let voters = seen.members.as_deref().unwrap_or_default();
-            Some(
-                voters
+            let members = seen.members.as_deref().unwrap_or_default();
+            let gone: Vec<u64> = match &seen.scale_in.workload {
+                Some(w) => doomed(identity, &w.state, members)
                     .iter()
-                    .filter(|m| !m.is_learner && m.id != leader)
+                    .map(|(m, _)| m.id)
+                    .collect(),
+                None => Vec::new(),
+            };
+            Some(
+                members
+                    .iter()
+                    .filter(|m| !m.is_learner && m.id != leader && !gone.contains(&m.id))
                     .map(|m| m.id)
                     .collect(),
             )
@@ -486,6 +502,18 @@ mod tests {
         let mut stale = seen(5, 0, 3, &[0, 1, 2]);
         stale.now += MAX_AGE + Duration::from_secs(1);
         assert_eq!(run(&stale, 3), Err(Hold::NoWorkload));
+    }
+
+    #[test]
+    fn only_the_voters_expected_to_answer_are_asked() {
+        let mut s = seen(5, 0, 3, &[0, 1, 2]);
+        s.scale_in.voters_answering = None;
+        assert_eq!(
+            voters_to_ask(&identity(), 3, MAX_AGE / 3, &s),
+            Some(vec![101, 102])
+        );
+        s.scale_in.voters_answering = Some(BTreeSet::new());
+        assert_eq!(voters_to_ask(&identity(), 3, MAX_AGE / 3, &s), None);
     }
 
     #[test]
