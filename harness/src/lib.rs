@@ -8,11 +8,13 @@
 //!   read-only root file systems, graceful stops).
 //! - [`dns`] (a loopback set's dnsmasq), [`pki`] (test certificates), [`etcd`] (which etcd
 //!   binary), [`client`] (etcd clients and the sidecar's HTTP), [`wait`], [`writer`]
-//!   (acknowledged writes), [`logs`], [`procs`].
+//!   (acknowledged writes), [`logs`], [`procs`]; [`chaos`]: seeded fault schedules and the
+//!   checker of what they left.
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).
 
+pub mod chaos;
 pub mod client;
 pub mod dns;
 pub mod docker;

@@ -1,0 +1,626 @@
+//! Randomized fault schedules on a loopback set, and the checker of what they left.
+//!
+//! [`Schedule::generate`] lays overlapping faults on a timeline from a seed (the same seed,
+//! the same schedule); [`run`] plays it against a running [`Set`] under a steady
+//! [`Writer`], heals everything, and [`Outcome::violations`] says what went wrong: an
+//! acknowledged write missing from a linearizable read through any member, more than one
+//! cluster ID, a member ID reused after its volume was lost, a member whose volume was never
+//! lost that is no longer the same member, a pod not back as a ready voter in time, or writes
+//! refused for longer than the faults explain.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use tokio::time::Instant;
+
+use crate::loopback::Set;
+use crate::writer::{Writer, WriterReport};
+
+/// A deterministic pseudo-random sequence (SplitMix64): a schedule depends on its seed only.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The sequence of `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// A duration between `lo` and `hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi.saturating_sub(lo) + 1))
+    }
+}
+
+/// One fault; each is healed after its event's `lasts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Every process of the pod SIGKILLed and its name withdrawn (the pod is gone); back on
+    /// its volume when healed.
+    KillPod(u32),
+    /// Only the sidecar SIGKILLed; started again when healed.
+    KillSidecar(u32),
+    /// The pod's etcd (or init) SIGSTOPped: connections accepted, nothing answered; SIGCONT
+    /// when healed.
+    Pause(u32),
+    /// The pod's DNS name withdrawn while it runs; published again when healed.
+    WithdrawDns(u32),
+    /// The pod gone and its volume lost; back with an empty volume when healed. At most one
+    /// per schedule, and the runner applies it only once every pod is a voter serving
+    /// linearizable reads (losing two copies before they re-replicate is real data loss).
+    LoseVolume(u32),
+    /// Every pod killed, then started again in this order when healed.
+    RestartAll(Vec<u32>),
+}
+
+impl Fault {
+    /// The pods whose etcd cannot serve while the fault lasts.
+    pub fn pods_down(&self) -> Vec<u32> {
+        match self {
+            Fault::KillPod(o) | Fault::Pause(o) | Fault::LoseVolume(o) => vec![*o],
+            Fault::RestartAll(order) => order.clone(),
+            Fault::KillSidecar(_) | Fault::WithdrawDns(_) => Vec::new(),
+        }
+    }
+
+    fn pod(&self) -> Option<u32> {
+        match self {
+            Fault::KillPod(o)
+            | Fault::KillSidecar(o)
+            | Fault::Pause(o)
+            | Fault::WithdrawDns(o)
+            | Fault::LoseVolume(o) => Some(*o),
+            Fault::RestartAll(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::KillPod(o) => write!(f, "kill pod {o}"),
+            Fault::KillSidecar(o) => write!(f, "kill pod {o}'s sidecar"),
+            Fault::Pause(o) => write!(f, "pause pod {o}'s etcd"),
+            Fault::WithdrawDns(o) => write!(f, "withdraw pod {o}'s DNS name"),
+            Fault::LoseVolume(o) => write!(f, "lose pod {o}'s volume"),
+            Fault::RestartAll(order) => write!(f, "restart every pod, in order {order:?}"),
+        }
+    }
+}
+
+/// A fault at a time, healed after `lasts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Since the schedule started.
+    pub at: Duration,
+    /// How long until it is healed.
+    pub lasts: Duration,
+    /// What happens.
+    pub fault: Fault,
+}
+
+/// A seeded timeline of overlapping faults on a set of `pods` pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    /// The seed it came from.
+    pub seed: u64,
+    /// How many pods.
+    pub pods: u32,
+    /// The events, by time.
+    pub events: Vec<Event>,
+}
+
+impl Schedule {
+    /// `faults` faults over about `span`, from `seed`. Faults overlap; a pod carries at most
+    /// one fault at a time, at most one volume is lost per schedule, and a restart of every
+    /// pod overlaps nothing.
+    pub fn generate(seed: u64, pods: u32, faults: usize, span: Duration) -> Schedule {
+        let mut rng = Rng::new(seed);
+        let mut events: Vec<Event> = Vec::new();
+        let mut volume_lost = false;
+        let span_ms = span.as_millis() as u64;
+        let mut attempts = 0;
+        while events.len() < faults && attempts < faults * 50 {
+            attempts += 1;
+            let at = rng.below(span_ms + 1);
+            let o = rng.below(u64::from(pods)) as u32;
+            let (fault, lasts) = match rng.below(12) {
+                0..=2 => (Fault::KillPod(o), rng.millis(300, 4000)),
+                3..=4 => (Fault::KillSidecar(o), rng.millis(200, 3000)),
+                5..=6 => (Fault::Pause(o), rng.millis(300, 4000)),
+                7..=8 => (Fault::WithdrawDns(o), rng.millis(300, 4000)),
+                9..=10 if !volume_lost => (Fault::LoseVolume(o), rng.millis(300, 2000)),
+                9..=10 => continue,
+                _ => {
+                    let mut order: Vec<u32> = (0..pods).collect();
+                    for i in (1..order.len()).rev() {
+                        let j = rng.below(i as u64 + 1) as usize;
+                        order.swap(i, j);
+                    }
+                    (Fault::RestartAll(order), rng.millis(200, 2000))
+                }
+            };
+            let end = at + lasts.as_millis() as u64;
+            let clashes = events.iter().any(|e| {
+                let (s, t) = (e.at.as_millis() as u64, (e.at + e.lasts).as_millis() as u64);
+                let overlaps = at < t + 500 && s < end + 500;
+                let shares = match (e.fault.pod(), fault.pod()) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                };
+                overlaps && shares
+            });
+            if clashes {
+                continue;
+            }
+            volume_lost |= matches!(fault, Fault::LoseVolume(_));
+            events.push(Event {
+                at: Duration::from_millis(at),
+                lasts,
+                fault,
+            });
+        }
+        events.sort_by_key(|e| e.at);
+        Schedule { seed, pods, events }
+    }
+
+    /// The longest stretch during which a majority of the pods could not serve: writes
+    /// refused that long are the faults' doing.
+    pub fn longest_quorum_loss(&self) -> Duration {
+        let majority = self.pods as usize / 2 + 1;
+        let mut marks: Vec<Duration> = self
+            .events
+            .iter()
+            .flat_map(|e| [e.at, e.at + e.lasts])
+            .collect();
+        marks.sort();
+        marks.dedup();
+        let mut longest = Duration::ZERO;
+        let mut began: Option<Duration> = None;
+        for w in marks.windows(2) {
+            let mid = w[0] + (w[1] - w[0]) / 2;
+            let down: BTreeSet<u32> = self
+                .events
+                .iter()
+                .filter(|e| e.at <= mid && mid < e.at + e.lasts)
+                .flat_map(|e| e.fault.pods_down())
+                .collect();
+            match (down.len() >= majority, began) {
+                (true, None) => began = Some(w[0]),
+                (false, Some(b)) => {
+                    longest = longest.max(w[0] - b);
+                    began = None;
+                }
+                _ => {}
+            }
+        }
+        if let (Some(b), Some(last)) = (began, marks.last()) {
+            longest = longest.max(*last - b);
+        }
+        longest
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "schedule of seed {}:", self.seed)?;
+        for e in &self.events {
+            writeln!(
+                f,
+                "  at {:>6} ms for {:>5} ms: {}",
+                e.at.as_millis(),
+                e.lasts.as_millis(),
+                e.fault
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What a run saw, for the checker and the results file.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The seed of the schedule.
+    pub seed: u64,
+    /// How many faults were applied.
+    pub faults: usize,
+    /// What the writer saw.
+    pub writes: WriterReport,
+    /// Per pod: acknowledged writes missing from a linearizable read through it (`None`:
+    /// the read failed).
+    pub missing: Vec<Option<u64>>,
+    /// Every cluster ID the pods reported.
+    pub clusters: BTreeSet<u64>,
+    /// Member IDs seen again after their volume was lost.
+    pub reused_ids: Vec<u64>,
+    /// Pods whose volume was never lost but whose member ID changed.
+    pub replaced: Vec<u32>,
+    /// Whether every pod was back as a ready voter within the bound after healing.
+    pub recovered: bool,
+    /// The longest stretch the faults explain.
+    pub explained_outage: Duration,
+}
+
+/// How much longer than a quorum loss writes may be refused: an election, a restart and a
+/// client's back-off.
+pub const OUTAGE_SLACK: Duration = Duration::from_secs(15);
+
+impl Outcome {
+    /// Acknowledged writes lost (the most any member lacks).
+    pub fn lost(&self) -> u64 {
+        self.missing.iter().flatten().copied().max().unwrap_or(0)
+    }
+
+    /// What the checker found wrong; empty when the run kept every promise.
+    pub fn violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (o, m) in self.missing.iter().enumerate() {
+            match m {
+                Some(0) => {}
+                Some(n) => v.push(format!("pod {o} lacks {n} acknowledged writes")),
+                None => v.push(format!("pod {o} answered no linearizable read")),
+            }
+        }
+        if self.clusters.len() != 1 {
+            v.push(format!("cluster IDs seen: {:x?}", self.clusters));
+        }
+        if !self.reused_ids.is_empty() {
+            v.push(format!(
+                "member IDs reused after a volume loss: {:x?}",
+                self.reused_ids
+            ));
+        }
+        if !self.replaced.is_empty() {
+            v.push(format!(
+                "pods {:?} kept their volume but are no longer the same member",
+                self.replaced
+            ));
+        }
+        if !self.recovered {
+            v.push("not every pod came back as a ready voter after healing".into());
+        }
+        if self.writes.max_gap > self.explained_outage + OUTAGE_SLACK {
+            v.push(format!(
+                "writes refused for {:?} (ending {:?} after the start; last error: {}), the faults explain {:?}",
+                self.writes.max_gap,
+                self.writes.max_gap_at,
+                self.writes.last_error,
+                self.explained_outage
+            ));
+        }
+        v
+    }
+
+    /// One line of the results file: seed, faults, acknowledged, lost, longest refusal (ms),
+    /// clusters seen, verdict.
+    pub fn tsv_line(&self) -> String {
+        let verdict = match self.violations().is_empty() {
+            true => "ok",
+            false => "FAILED",
+        };
+        format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            self.seed,
+            self.faults,
+            self.writes.acked,
+            self.lost(),
+            self.writes.max_gap.as_millis(),
+            self.clusters.len(),
+            verdict
+        )
+    }
+}
+
+/// How long every pod may take to be a ready voter again once everything is healed.
+pub const RECOVERY_BOUND: Duration = Duration::from_secs(90);
+
+enum Heal {
+    Start(u32),
+    StartSidecar(u32),
+    Resume(u32),
+    Publish(u32),
+    StartAll(Vec<u32>),
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
+}
+
+/// Plays `schedule` on `set` (formed, every pod a ready voter) under a writer through every
+/// pod, heals, waits for recovery and checks.
+pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
+    let pods: Vec<u32> = (0..schedule.pods).collect();
+    let cluster_before = set.cluster_id(0).await.ok();
+    let mut ids_before = Vec::new();
+    for o in &pods {
+        ids_before.push(set.member_id(*o).await.ok());
+    }
+    let writer = Writer::start(pods.iter().map(|o| set.client_url(*o)).collect());
+    let started = Instant::now();
+    let mut pending: Vec<(Duration, Heal)> = Vec::new();
+    let mut paused: Vec<(u32, u32)> = Vec::new();
+    let mut lost_ids: Vec<u64> = Vec::new();
+    let mut wiped: BTreeSet<u32> = BTreeSet::new();
+    let mut applied = 0;
+    let mut events = schedule.events.iter().peekable();
+    loop {
+        let now = started.elapsed();
+        // Heal what is due, then apply what is due; restart exited containers (kubelet).
+        pending.sort_by_key(|(t, _)| *t);
+        while pending.first().is_some_and(|(t, _)| *t <= now) {
+            let (_, heal) = pending.remove(0);
+            apply_heal(set, heal, &mut paused);
+        }
+        if let Some(e) = events.peek() {
+            if e.at <= now {
+                // A volume is lost only once every copy is back: every pod a ready voter
+                // (losing two copies before they re-replicate is real data loss). Until
+                // then the timeline waits, healing what falls due.
+                let loss = matches!(e.fault, Fault::LoseVolume(_));
+                if loss
+                    && now < e.at + RECOVERY_BOUND
+                    && !set.all_linearizable(&pods, pods.len()).await
+                {
+                    let _ = set.restart_exited();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                let e = events.next().cloned().unwrap_or_else(|| unreachable!());
+                let o = e.fault.pod();
+                if let Some(o) = o {
+                    if let Ok(id) = set.member_id(o).await {
+                        if matches!(e.fault, Fault::LoseVolume(_)) {
+                            lost_ids.push(id);
+                            wiped.insert(o);
+                        }
+                    }
+                }
+                let heal = apply_fault(set, &e.fault, &mut paused).await;
+                pending.push((started.elapsed() + e.lasts, heal));
+                applied += 1;
+                continue;
+            }
+        }
+        if events.peek().is_none() && pending.is_empty() {
+            break;
+        }
+        let _ = set.restart_exited();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Healed: every pod back as a ready voter within the bound (restarting what exits).
+    let deadline = Instant::now() + RECOVERY_BOUND;
+    let mut recovered = false;
+    while Instant::now() < deadline {
+        let _ = set.restart_exited();
+        if set.all_linearizable(&pods, pods.len()).await && set.all_ready(&pods).await {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if recovered {
+        writer
+            .wait_progress(10, RECOVERY_BOUND, "after healing")
+            .await;
+    }
+    let writes = writer.stop().await;
+    let mut missing = Vec::new();
+    let mut clusters = BTreeSet::new();
+    clusters.extend(cluster_before);
+    let mut reused_ids = Vec::new();
+    let mut replaced = Vec::new();
+    for o in &pods {
+        missing.push(missing_writes(set, *o, writes.acked).await);
+        if let Ok(c) = set.cluster_id(*o).await {
+            clusters.insert(c);
+        }
+        match set.member_id(*o).await {
+            Ok(id) if lost_ids.contains(&id) => reused_ids.push(id),
+            Ok(id) if !wiped.contains(o) && ids_before[*o as usize].is_some_and(|b| b != id) => {
+                replaced.push(*o)
+            }
+            _ => {}
+        }
+    }
+    Outcome {
+        seed: schedule.seed,
+        faults: applied,
+        writes,
+        missing,
+        clusters,
+        reused_ids,
+        replaced,
+        recovered,
+        explained_outage: schedule.longest_quorum_loss(),
+    }
+}
+
+async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>) -> Heal {
+    eprintln!("chaos: {fault}");
+    match fault {
+        Fault::KillPod(o) => {
+            let _ = set.kill(*o).await;
+            Heal::Start(*o)
+        }
+        Fault::KillSidecar(o) => {
+            set.kill_sidecar(*o).await;
+            Heal::StartSidecar(*o)
+        }
+        Fault::Pause(o) => {
+            if let Some(pid) = set.etcd_pid(*o) {
+                signal(pid, "-STOP");
+                paused.push((*o, pid));
+            }
+            Heal::Resume(*o)
+        }
+        Fault::WithdrawDns(o) => {
+            let _ = set.set_dns(*o, false);
+            Heal::Publish(*o)
+        }
+        Fault::LoseVolume(o) => {
+            let _ = set.kill(*o).await;
+            let _ = set.wipe(*o);
+            Heal::Start(*o)
+        }
+        Fault::RestartAll(order) => {
+            for o in order {
+                let _ = set.kill(*o).await;
+            }
+            Heal::StartAll(order.clone())
+        }
+    }
+}
+
+fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
+    match heal {
+        Heal::Start(o) => {
+            let _ = set.start(o);
+        }
+        Heal::StartSidecar(o) => {
+            if set.sidecar_pid(o).is_none() {
+                let _ = set.start_sidecar(o);
+            }
+        }
+        Heal::Resume(o) => {
+            for (_, pid) in paused.iter().filter(|(p, _)| *p == o) {
+                signal(*pid, "-CONT");
+            }
+            paused.retain(|(p, _)| *p != o);
+        }
+        Heal::Publish(o) => {
+            let _ = set.set_dns(o, true);
+        }
+        Heal::StartAll(order) => {
+            for o in order {
+                let _ = set.start(o);
+            }
+        }
+    }
+}
+
+/// Acknowledged writes `0..acked` missing from a linearizable read through pod `o`.
+async fn missing_writes(set: &Set, o: u32, acked: u64) -> Option<u64> {
+    let mut c = set.client(o).await.ok()?;
+    let opts = GetOptions::new()
+        .with_range(crate::writer::write_key(acked))
+        .with_count_only();
+    let r = c.get(crate::writer::write_key(0), Some(opts)).await.ok()?;
+    Some(acked.saturating_sub(r.count().max(0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule_and_another_seed_another() {
+        let a = Schedule::generate(7, 3, 8, Duration::from_secs(20));
+        let b = Schedule::generate(7, 3, 8, Duration::from_secs(20));
+        let c = Schedule::generate(8, 3, 8, Duration::from_secs(20));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.events.len(), 8);
+    }
+
+    #[test]
+    fn a_schedule_loses_at_most_one_volume_and_never_faults_a_pod_twice_at_once() {
+        for seed in 0..200 {
+            let s = Schedule::generate(seed, 3, 10, Duration::from_secs(20));
+            let losses = s
+                .events
+                .iter()
+                .filter(|e| matches!(e.fault, Fault::LoseVolume(_)))
+                .count();
+            assert!(losses <= 1, "{s}");
+            for (i, a) in s.events.iter().enumerate() {
+                for b in &s.events[i + 1..] {
+                    let overlap = b.at < a.at + a.lasts && a.at < b.at + b.lasts;
+                    let shared = match (a.fault.pod(), b.fault.pod()) {
+                        (Some(x), Some(y)) => x == y,
+                        _ => true,
+                    };
+                    assert!(!(overlap && shared), "{s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quorum_loss_counts_only_while_a_majority_is_down() {
+        let ev = |at: u64, lasts: u64, fault| Event {
+            at: Duration::from_millis(at),
+            lasts: Duration::from_millis(lasts),
+            fault,
+        };
+        let s = Schedule {
+            seed: 0,
+            pods: 3,
+            events: vec![
+                ev(0, 1000, Fault::KillPod(0)),
+                ev(600, 1000, Fault::Pause(1)),
+                ev(2000, 500, Fault::WithdrawDns(2)),
+                ev(3000, 700, Fault::RestartAll(vec![2, 0, 1])),
+            ],
+        };
+        assert_eq!(s.longest_quorum_loss(), Duration::from_millis(700));
+        let none = Schedule {
+            seed: 0,
+            pods: 3,
+            events: vec![
+                ev(0, 1000, Fault::KillSidecar(0)),
+                ev(0, 1000, Fault::Pause(1)),
+            ],
+        };
+        assert_eq!(none.longest_quorum_loss(), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
+        let clean = Outcome {
+            seed: 1,
+            faults: 3,
+            writes: WriterReport {
+                acked: 100,
+                failures: 2,
+                max_gap: Duration::from_secs(1),
+                max_gap_at: Duration::from_secs(3),
+                last_error: String::new(),
+            },
+            missing: vec![Some(0), Some(0), Some(0)],
+            clusters: [9].into_iter().collect(),
+            reused_ids: vec![],
+            replaced: vec![],
+            recovered: true,
+            explained_outage: Duration::ZERO,
+        };
+        assert!(clean.violations().is_empty());
+        assert!(clean.tsv_line().ends_with("\tok"));
+        let mut bad = clean.clone();
+        bad.missing[1] = Some(4);
+        bad.clusters.insert(10);
+        bad.reused_ids.push(0xabc);
+        bad.writes.max_gap = Duration::from_secs(30);
+        let v = bad.violations();
+        assert_eq!(v.len(), 4, "{v:?}");
+        assert_eq!(bad.lost(), 4);
+        assert!(bad.tsv_line().ends_with("\tFAILED"));
+    }
+}
