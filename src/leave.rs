@@ -116,6 +116,9 @@ where
     let (_, members) = me.members().await?;
     let voters = members.iter().filter(|m| !m.is_learner).count();
     let mut healthy_others = 0;
+    // Another voter that answered: it says whether a removal whose answer was lost (the
+    // local etcd stops as soon as it is removed, sometimes before it answers) took effect.
+    let mut witness = None;
     for m in members
         .iter()
         .filter(|m| !m.is_learner && m.id != status.member_id)
@@ -131,11 +134,15 @@ where
         let Some(ip) = lookup.first() else { continue };
         let answered = tokio::time::timeout(Duration::from_secs(3), async {
             let peer = connector.connect(&id.host(o), ip, id.client_port).await?;
-            peer.status().await
+            let s = peer.status().await?;
+            Ok::<_, crate::etcd::EtcdError>((peer, s))
         })
         .await;
-        if matches!(answered, Ok(Ok(s)) if s.leader != 0) {
-            healthy_others += 1;
+        if let Ok(Ok((peer, s))) = answered {
+            if s.leader != 0 {
+                healthy_others += 1;
+                witness.get_or_insert(peer);
+            }
         }
     }
     let counts = Counts {
@@ -185,10 +192,27 @@ where
             {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(e) => anyhow::bail!(
-                "the leave is recorded, but removing member {:x} failed: {e}; run leave --yes again",
-                status.member_id
-            ),
+            Err(e) => {
+                let removed = match &witness {
+                    Some(w) => w
+                        .members()
+                        .await
+                        .is_ok_and(|(_, ms)| !ms.iter().any(|m| m.id == status.member_id)),
+                    None => false,
+                };
+                if removed {
+                    break;
+                }
+                let recorded = if if_scaled_in {
+                    ""
+                } else {
+                    "the leave is recorded, but "
+                };
+                anyhow::bail!(
+                    "{recorded}removing member {:x} failed: {e}; run leave again",
+                    status.member_id
+                )
+            }
         }
     }
     tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: member removed; stopping etcd");

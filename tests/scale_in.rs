@@ -222,6 +222,7 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
     }
     assert_eq!(removals(&set, &[0, 1, 2]).await, 2);
 
+    let pod2 = set.member_id(2).await.unwrap();
     // spec.replicas 2 with pod 2 still running: its preStop hook removes its own member,
     // and leaves no "do not rejoin" marker (a scale-up on this volume joins again).
     cluster.set(2, &[0, 1, 2]);
@@ -245,6 +246,28 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
     .await;
     set.put_keys("two", 5).await.unwrap();
     assert_eq!(set.count_keys_on(1, "two/").await.unwrap(), 5);
+
+    // Scaled up again on the retained volume: the old data is set aside (renamed, not
+    // deleted) and pod 2 joins as a new member with every key.
+    let old_id = pod2;
+    cluster.set(3, &[0, 1, 2]);
+    set.start(2).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !(set.all_linearizable(&[0, 1, 2], 3).await && set.all_ready(&[0, 1, 2]).await) {
+        set.restart_exited().unwrap();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod 2 back as a voter\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_ne!(set.member_id(2).await.unwrap(), old_id, "a new member ID");
+    assert!(std::fs::read_dir(set.data_dir(2).join("set-aside"))
+        .unwrap()
+        .next()
+        .is_some());
+    assert_eq!(set.count_keys_on(2, "two/").await.unwrap(), 5);
 
     server.abort();
     set.shutdown().await;
