@@ -202,8 +202,12 @@ for s, docs in rendered.items():
     if sorted(cs) != ["etcd", "sidecar"]:
         problem(f"{s}: containers {sorted(cs)}")
         continue
-    if pod.get("automountServiceAccountToken") is not False or pod.get("enableServiceLinks") is not False:
-        problem(f"{s}: automountServiceAccountToken and enableServiceLinks must be false")
+    # The API token is mounted only for scale-in (its ServiceAccount, with the narrow Role).
+    scale_in = any(e["name"] == "ETCD_STEWARD_SCALE_IN" for c in pod["containers"] for e in c.get("env", []))
+    if pod.get("automountServiceAccountToken") is not scale_in or pod.get("enableServiceLinks") is not False:
+        problem(f"{s}: automountServiceAccountToken must be true only with scale-in, enableServiceLinks false")
+    if scale_in and pod.get("serviceAccountName") not in {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"}:
+        problem(f"{s}: scale-in without its ServiceAccount")
     if sts["spec"]["podManagementPolicy"] != "Parallel":
         problem(f"{s}: podManagementPolicy is not Parallel")
     volumes = {v["name"] for v in pod.get("volumes", [])} | {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
@@ -232,7 +236,7 @@ for s, docs in rendered.items():
         if n in ("ETCD_STEWARD_BACKUP_URL", "ETCD_STEWARD_RESTORE") or n.startswith("AWS_"):
             if n not in e_etcd:
                 problem(f"{s}: {n} is missing in the etcd container (init restores from the store)")
-        elif n not in e_etcd and n != "ETCD_STEWARD_BACKUP_SCRATCH_DIR":
+        elif n not in e_etcd and n not in ("ETCD_STEWARD_BACKUP_SCRATCH_DIR", "ETCD_STEWARD_SCALE_IN", "ETCD_STEWARD_SCALE_IN_INTERVAL"):
             # (the scratch directory is the drill's, which only the sidecar runs)
             problem(f"{s}: the sidecar has {n}, the etcd container not")
     replicas = int(e_etcd["ETCD_STEWARD_REPLICAS"]["value"])
@@ -257,7 +261,7 @@ def the(s):
 def kinds(docs):
     return sorted(d["kind"] for d in docs)
 
-base_kinds = ["PodDisruptionBudget", "Service", "Service", "StatefulSet"]
+base_kinds = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet", "ServiceAccount", "Role", "RoleBinding"])
 expect_kinds = {
     "defaults": base_kinds,
     "tls-secrets": base_kinds,
@@ -559,5 +563,25 @@ rm "$keys/etcd-steward-backup-old-keys/backup.key"
 set +e; list_keys; rc=$?; set -e
 [[ $rc -eq 64 ]] && grep -q "etcd-steward-backup-old-keys/backup.key" "$out/backup-list.log" \
     || { cat "$out/backup-list.log" >&2; die "a missing old key file: want exit 64 naming it, got $rc"; }
+
+# scaleIn.enabled=false: no RBAC, no API token, no preStop hook, no --scale-in.
+"$helm" template etcd "$chart" --set scaleIn.enabled=false >"$out/render/no-scale-in.yaml"
+"$py" - "$out/render/no-scale-in.yaml" <<'EOF' || die "scaleIn.enabled=false checks failed (see above)"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+problems = []
+kinds = sorted(d["kind"] for d in docs)
+if kinds != ["PodDisruptionBudget", "Service", "Service", "StatefulSet"]:
+    problems.append(f"scaleIn.enabled=false renders {kinds}")
+pod = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]
+if pod.get("automountServiceAccountToken") is not False or "serviceAccountName" in pod:
+    problems.append("scaleIn.enabled=false still mounts an API token")
+for c in pod["containers"]:
+    if "lifecycle" in c or any(e["name"].startswith("ETCD_STEWARD_SCALE_IN") for e in c.get("env", [])):
+        problems.append(f"scaleIn.enabled=false: container {c['name']} still scales in")
+for p in problems:
+    print(p, file=sys.stderr)
+sys.exit(1 if problems else 0)
+EOF
 
 echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"

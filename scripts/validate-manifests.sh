@@ -63,7 +63,8 @@ done
 # every container runs with a read-only root and no privilege escalation.
 count=$("$py" - "${rendered[@]}" <<'EOF'
 import sys, yaml
-want = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet"])
+want = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet",
+               "ServiceAccount", "Role", "RoleBinding"])
 problems, total = [], 0
 for path in sys.argv[1:]:
     docs = [d for d in yaml.safe_load_all(open(path)) if d]

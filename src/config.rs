@@ -152,6 +152,8 @@ pub struct CommonArgs {
     pub backup: BackupArgs,
     #[command(flatten)]
     pub defrag: DefragArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// etcd credentials; `Debug` never shows the password.
@@ -229,6 +231,10 @@ pub struct Config {
     pub backup: Option<crate::backup::BackupConfig>,
     /// Defragmentation and the NOSPACE alarm (sidecar).
     pub defrag: crate::sidecar::plan::defrag::DefragPolicy,
+    /// The Kubernetes API, when its URL is known (`--kube-api-url`, or in a cluster).
+    pub kube: Option<crate::kube_api::KubeAccess>,
+    /// `--scale-in`: how often the leader's sidecar asks the API.
+    pub scale_in: Option<Duration>,
 }
 
 impl Config {
@@ -436,6 +442,9 @@ impl CommonArgs {
         };
         let backup = self.backup.validate(&mut problems);
         let defrag = self.defrag.validate(&mut problems);
+        let (kube, scale_in) = self
+            .kube
+            .validate(&set_name, &self.namespace, &mut problems);
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -469,6 +478,8 @@ impl CommonArgs {
             auth,
             backup,
             defrag,
+            kube,
+            scale_in,
         })
     }
 }
@@ -588,6 +599,108 @@ impl DefragArgs {
             schedule,
             quota,
         }
+    }
+}
+
+// ---- scale-in (issue 12) ---------------------------------------------------------------
+
+/// Kubernetes API options: scale-in in the sidecar, and `leave --if-scaled-in`.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// The leader's sidecar removes the members of ordinals >= the StatefulSet's
+    /// spec.replicas whose pods are gone (needs the API: RBAC get on the StatefulSet,
+    /// get/list on pods). Off by default.
+    #[arg(long, env = "ETCD_STEWARD_SCALE_IN")]
+    pub scale_in: bool,
+    /// How often the sidecar asks the API (humantime).
+    #[arg(long, env = "ETCD_STEWARD_SCALE_IN_INTERVAL", default_value = "10s")]
+    pub scale_in_interval: String,
+    /// The API's URL [default: in a cluster, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT].
+    #[arg(long, env = "ETCD_STEWARD_KUBE_API_URL")]
+    pub kube_api_url: Option<String>,
+    #[arg(
+        long = "kubernetes-service-host",
+        env = "KUBERNETES_SERVICE_HOST",
+        hide = true
+    )]
+    pub service_host: Option<String>,
+    #[arg(
+        long = "kubernetes-service-port",
+        env = "KUBERNETES_SERVICE_PORT",
+        hide = true
+    )]
+    pub service_port: Option<String>,
+    /// The bearer token, read before every call.
+    #[arg(long, env = "ETCD_STEWARD_KUBE_TOKEN_FILE", default_value = crate::kube_api::SA_TOKEN)]
+    pub kube_token_file: PathBuf,
+    /// The CA of the API server's certificate (https).
+    #[arg(long, env = "ETCD_STEWARD_KUBE_CA_FILE", default_value = crate::kube_api::SA_CA)]
+    pub kube_ca_file: PathBuf,
+    /// The StatefulSet [default: the pod name without -<ordinal>].
+    #[arg(long, env = "ETCD_STEWARD_STATEFULSET_NAME")]
+    pub statefulset_name: Option<String>,
+}
+
+impl KubeArgs {
+    /// The API access (when its URL is known) and the scale-in interval (with --scale-in).
+    fn validate(
+        &self,
+        set_name: &str,
+        namespace: &str,
+        problems: &mut Vec<String>,
+    ) -> (Option<crate::kube_api::KubeAccess>, Option<Duration>) {
+        let statefulset = self
+            .statefulset_name
+            .clone()
+            .unwrap_or_else(|| set_name.to_string());
+        if !statefulset.is_empty() && !dns_label_ok(&statefulset) {
+            problems.push(format!(
+                "--statefulset-name {statefulset:?} must be a DNS label"
+            ));
+        }
+        let url = match (&self.kube_api_url, &self.service_host) {
+            (Some(u), _) if !u.is_empty() => Some(u.clone()),
+            (_, Some(host)) if !host.is_empty() => {
+                let port = self.service_port.as_deref().unwrap_or("443");
+                Some(match host.parse::<std::net::Ipv6Addr>() {
+                    Ok(_) => format!("https://[{host}]:{port}"),
+                    Err(_) => format!("https://{host}:{port}"),
+                })
+            }
+            _ => None,
+        };
+        let access = url.map(|url| crate::kube_api::KubeAccess {
+            url,
+            token_file: self.kube_token_file.clone(),
+            ca_file: self.kube_ca_file.clone(),
+            namespace: namespace.to_string(),
+            statefulset,
+        });
+        if !self.scale_in {
+            return (access, None);
+        }
+        let interval = match humantime::parse_duration(&self.scale_in_interval) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            _ => {
+                problems.push(format!(
+                    "--scale-in-interval must be a duration of at least 1s such as 10s, got {:?}",
+                    self.scale_in_interval
+                ));
+                Duration::ZERO
+            }
+        };
+        match &access {
+            None => problems.push(
+                "--scale-in needs the Kubernetes API: run in a cluster (KUBERNETES_SERVICE_HOST) or give --kube-api-url"
+                    .into(),
+            ),
+            Some(a) => {
+                if let Err(e) = crate::kube_api::ApiWorkload::new(a) {
+                    problems.push(format!("--scale-in: {e}"));
+                }
+            }
+        }
+        (access, Some(interval))
     }
 }
 
@@ -778,6 +891,11 @@ pub struct LeaveArgs {
     /// Carry the leave out.
     #[arg(long)]
     pub yes: bool,
+    /// The preStop hook: leave (without the "do not rejoin" marker) only when the
+    /// StatefulSet's spec.replicas no longer covers this pod's ordinal; otherwise do
+    /// nothing and exit 0. Asks the Kubernetes API (implies --yes).
+    #[arg(long)]
+    pub if_scaled_in: bool,
 }
 
 /// `rejoin`'s options.
@@ -831,6 +949,68 @@ mod tests {
             Command::Sidecar(s) => s.common,
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn scale_in_needs_the_api_and_an_interval_of_at_least_a_second() {
+        let base = [
+            "--name",
+            "etcd-4",
+            "--replicas",
+            "3",
+            "--kubernetes-service-host=",
+        ];
+        let with = |extra: &[&str]| {
+            let mut a = base.to_vec();
+            a.extend_from_slice(extra);
+            common(&a).validate()
+        };
+        let problems = |r: Result<Config, ConfigError>| match r {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.problems.join("; "),
+        };
+        assert!(problems(with(&["--scale-in"])).contains("--scale-in needs the Kubernetes API"));
+        let p = problems(with(&[
+            "--scale-in",
+            "--kube-api-url=http://127.0.0.1:8001",
+            "--scale-in-interval=0s",
+        ]));
+        assert!(
+            p.contains("--scale-in-interval must be a duration of at least 1s"),
+            "{p}"
+        );
+        assert!(problems(with(&[
+            "--scale-in",
+            "--kube-api-url=https://10.96.0.1",
+            "--kube-ca-file=/nonexistent/ca.crt"
+        ]))
+        .contains("--kube-ca-file"));
+        let c = match with(&["--scale-in", "--kube-api-url=http://127.0.0.1:8001"]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.scale_in, Some(Duration::from_secs(10)));
+        assert_eq!(c.kube.map(|k| k.statefulset), Some("etcd".to_string()));
+        // Off by default; in a cluster the API's address is known all the same (for the
+        // preStop hook, `leave --if-scaled-in`).
+        let c = match common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--kubernetes-service-host=10.96.0.1",
+            "--kubernetes-service-port=443",
+        ])
+        .validate()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.scale_in, None);
+        assert_eq!(
+            c.kube.map(|k| k.url),
+            Some("https://10.96.0.1:443".to_string())
+        );
     }
 
     #[test]

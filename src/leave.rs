@@ -4,6 +4,12 @@
 //! (`steward-left.json`, outside `member/`), removes the member, and stops etcd; `init`
 //! then sets the data aside (renamed, never deleted) and waits until `rejoin` (or a new
 //! volume). [`check`] is the pure rule.
+//!
+//! `leave --if-scaled-in` is the etcd container's preStop hook: it asks the Kubernetes API
+//! whether the StatefulSet's spec.replicas still covers this pod's ordinal. A pod merely
+//! restarted or rescheduled keeps its member (exit 0, nothing done); a pod scaled away
+//! removes its member without the marker, so that a later scale-up on the retained volume
+//! sets the old data aside and joins as a new member.
 
 use std::time::Duration;
 
@@ -53,14 +59,46 @@ pub enum Left {
     Planned,
     Done,
     Refused(String),
+    /// `--if-scaled-in`, and spec.replicas still covers this ordinal: nothing done.
+    NotScaledIn,
 }
 
-pub async fn leave<D, C>(cfg: Config, yes: bool, dns: D, connector: C) -> anyhow::Result<Left>
+/// Pure: whether a pod of `ordinal` is being scaled away when the set wants `replicas`.
+pub fn scaled_in(ordinal: u32, replicas: u32) -> bool {
+    ordinal >= replicas
+}
+
+/// `leave [--yes]`, or with `if_scaled_in` the preStop hook (see the module).
+pub async fn leave<D, C>(
+    cfg: Config,
+    yes: bool,
+    if_scaled_in: bool,
+    dns: D,
+    connector: C,
+) -> anyhow::Result<Left>
 where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
 {
     let id = &cfg.identity;
+    if if_scaled_in {
+        let Some(access) = &cfg.kube else {
+            anyhow::bail!("--if-scaled-in needs the Kubernetes API: run in a cluster (KUBERNETES_SERVICE_HOST) or give --kube-api-url; nothing was done");
+        };
+        let api = crate::kube_api::ApiWorkload::new(access)?;
+        let replicas = crate::kube_api::Workload::desired_replicas(&api)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}; nothing was done"))?;
+        if !scaled_in(id.ordinal, replicas) {
+            println!(
+                "{}",
+                json!({"state": "not scaled in", "pod": id.name(), "replicas": replicas, "next": "nothing: this pod keeps its member"})
+            );
+            return Ok(Left::NotScaledIn);
+        }
+        tracing::warn!(pod = %id.name(), replicas, "leave --if-scaled-in: this ordinal is scaled away; removing its member");
+    }
+    let yes = yes || if_scaled_in;
     let me = connector
         .connect(&id.host(id.ordinal), cfg.local_ip(), id.client_port)
         .await?;
@@ -78,6 +116,9 @@ where
     let (_, members) = me.members().await?;
     let voters = members.iter().filter(|m| !m.is_learner).count();
     let mut healthy_others = 0;
+    // Another voter that answered: it says whether a removal whose answer was lost (the
+    // local etcd stops as soon as it is removed, sometimes before it answers) took effect.
+    let mut witness = None;
     for m in members
         .iter()
         .filter(|m| !m.is_learner && m.id != status.member_id)
@@ -93,11 +134,15 @@ where
         let Some(ip) = lookup.first() else { continue };
         let answered = tokio::time::timeout(Duration::from_secs(3), async {
             let peer = connector.connect(&id.host(o), ip, id.client_port).await?;
-            peer.status().await
+            let s = peer.status().await?;
+            Ok::<_, crate::etcd::EtcdError>((peer, s))
         })
         .await;
-        if matches!(answered, Ok(Ok(s)) if s.leader != 0) {
-            healthy_others += 1;
+        if let Ok(Ok((peer, s))) = answered {
+            if s.leader != 0 {
+                healthy_others += 1;
+                witness.get_or_insert(peer);
+            }
         }
     }
     let counts = Counts {
@@ -115,21 +160,27 @@ where
         "voters_before": voters,
         "voters_after": if status.is_learner { voters } else { voters - 1 },
         "other_voters_answering": healthy_others,
-        "steps": ["record the leave in the volume", "remove the member", "stop etcd; init sets the data aside and waits for etcd-steward rejoin"],
+        "steps": if if_scaled_in {
+            json!(["remove the member", "stop etcd; a later scale-up on this volume sets the data aside and joins as a new member"])
+        } else {
+            json!(["record the leave in the volume", "remove the member", "stop etcd; init sets the data aside and waits for etcd-steward rejoin"])
+        },
         "state": if yes { "leaving" } else { "planned" },
     });
     println!("{plan}");
     if !yes {
         return Ok(Left::Planned);
     }
-    marker::write_left(
-        &cfg.data_dir,
-        &LeftMarker {
-            ts: unix_now(),
-            member_id: status.member_id,
-        },
-    )?;
-    tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: recorded in the volume; removing this member");
+    if !if_scaled_in {
+        marker::write_left(
+            &cfg.data_dir,
+            &LeftMarker {
+                ts: unix_now(),
+                member_id: status.member_id,
+            },
+        )?;
+        tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: recorded in the volume; removing this member");
+    }
     // etcd refuses membership changes for a few seconds after a member (re)connects
     // ("unhealthy cluster"): retried for a while, as init retries its own.
     let deadline = tokio::time::Instant::now() + REMOVE_PATIENCE;
@@ -141,10 +192,27 @@ where
             {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(e) => anyhow::bail!(
-                "the leave is recorded, but removing member {:x} failed: {e}; run leave --yes again",
-                status.member_id
-            ),
+            Err(e) => {
+                let removed = match &witness {
+                    Some(w) => w
+                        .members()
+                        .await
+                        .is_ok_and(|(_, ms)| !ms.iter().any(|m| m.id == status.member_id)),
+                    None => false,
+                };
+                if removed {
+                    break;
+                }
+                let recorded = if if_scaled_in {
+                    ""
+                } else {
+                    "the leave is recorded, but "
+                };
+                anyhow::bail!(
+                    "{recorded}removing member {:x} failed: {e}; run leave again",
+                    status.member_id
+                )
+            }
         }
     }
     tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: member removed; stopping etcd");
@@ -156,9 +224,14 @@ where
         }
         None => eprintln!("etcd-steward: no etcd process for {} is visible here: restart the pod so that init sets the data aside", cfg.data_dir.display()),
     }
+    let next = if if_scaled_in {
+        "nothing: a scale-up on this volume joins as a new member"
+    } else {
+        "etcd-steward rejoin, when this pod should join again"
+    };
     println!(
         "{}",
-        json!({"state": "left", "member_id": format!("{:x}", status.member_id), "next": "etcd-steward rejoin, when this pod should join again"})
+        json!({"state": "left", "member_id": format!("{:x}", status.member_id), "next": next})
     );
     Ok(Left::Done)
 }
@@ -194,6 +267,17 @@ mod tests {
         );
         assert!(check(&counts(5, 2)).is_err());
         assert!(check(&counts(5, 3)).is_ok());
+    }
+
+    #[test]
+    fn only_an_ordinal_at_or_beyond_spec_replicas_is_scaled_in() {
+        assert!(scaled_in(4, 3));
+        assert!(scaled_in(3, 3));
+        assert!(
+            !scaled_in(2, 3),
+            "a restarted or rescheduled pod keeps its member"
+        );
+        assert!(scaled_in(0, 0));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod fake;
 pub mod http_get;
 pub mod identity;
 pub mod init;
+pub mod kube_api;
 pub mod leave;
 pub mod logs;
 pub mod recover;

@@ -140,10 +140,10 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             let result = with_cluster(cfg, |cfg, dns, connector| {
-                etcd_steward::leave::leave(cfg, args.yes, dns, connector)
+                etcd_steward::leave::leave(cfg, args.yes, args.if_scaled_in, dns, connector)
             });
             match result {
-                Ok(Left::Planned | Left::Done) => ExitCode::SUCCESS,
+                Ok(Left::Planned | Left::Done | Left::NotScaledIn) => ExitCode::SUCCESS,
                 Ok(Left::Refused(why)) => {
                     eprintln!("etcd-steward: leave refused: {why}");
                     ExitCode::from(EXIT_REFUSED)

@@ -53,6 +53,7 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
         previous: Vec::new(),
         backup_rounds: rounds,
         peers: Vec::new(),
+        scale_in: Default::default(),
     }
 }
 

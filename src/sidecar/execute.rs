@@ -36,6 +36,10 @@ pub async fn execute<D: Dns, C: Connector>(
             Ok(local) => local.remove(*id).await,
             Err(e) => Err(e),
         },
+        Step::RemoveMember { id, .. } => match conn.local().await {
+            Ok(local) => local.remove(*id).await,
+            Err(e) => Err(e),
+        },
         Step::UpdatePeerUrls { id, url, via: None } => match conn.local().await {
             Ok(local) => local.update_peer_urls(*id, std::slice::from_ref(url)).await,
             Err(e) => Err(e),
@@ -71,6 +75,9 @@ pub async fn execute<D: Dns, C: Connector>(
     logged(match result {
         Ok(()) => Outcome::Done(step),
         Err(EtcdError::AlreadyVoter { .. }) => Outcome::Moot(step),
+        Err(EtcdError::MemberNotFound { .. }) if matches!(step, Step::RemoveMember { .. }) => {
+            Outcome::Moot(step)
+        }
         Err(EtcdError::LearnerNotReady { .. }) => Outcome::NotYet(step),
         Err(e) => Outcome::Failed(step, e.to_string()),
     })
@@ -134,6 +141,12 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::UpdatePeerUrls { id, url, via }, error) => {
             tracing::warn!(member_id = %format!("{id:x}"), peer_url = %url, via = via.as_deref().unwrap_or("this member"), %error, "could not update this member's peer URL; retrying");
         }
+        Outcome::Done(Step::RemoveMember { id, ordinal }) => {
+            tracing::warn!(member_id = %format!("{id:x}"), ordinal, "scale-in: removed the member of a scaled-away ordinal whose pod is gone");
+        }
+        Outcome::Failed(Step::RemoveMember { id, ordinal }, error) => {
+            tracing::warn!(member_id = %format!("{id:x}"), ordinal, %error, "scale-in: removal failed; retrying");
+        }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
@@ -156,13 +169,15 @@ fn log(outcome: &Outcome) {
             | Step::BackupRound
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
-            | Step::DisarmNospace,
+            | Step::DisarmNospace
+            | Step::RemoveMember { .. },
         )
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
             | Step::BackupRound
             | Step::UpdatePeerUrls { .. }
-            | Step::DisarmNospace,
+            | Step::DisarmNospace
+            | Step::RemoveMember { .. },
         ) => {}
     }
 }

@@ -12,6 +12,7 @@ pub mod http;
 pub mod observe;
 pub mod plan;
 pub mod recovery;
+pub mod scale_in;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -73,6 +74,13 @@ pub struct Sidecar<D, C: Connector, P> {
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
     defrag: plan::defrag::DefragPolicy,
+    /// With `--scale-in`: the API's answers, and (identity, initial size, interval).
+    pub scale_in: Option<(
+        watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
+        crate::identity::Identity,
+        u32,
+        Duration,
+    )>,
 }
 
 /// The sidecar's share of a recovery (see [`recovery`]).
@@ -176,6 +184,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             init_metrics: InitMetrics::register(registry),
             recovery: None,
             defrag: cfg.defrag,
+            scale_in: None,
         }
     }
 
@@ -207,6 +216,14 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         if plan::defrag::wants_peers(&self.defrag, &seen) {
             let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
             seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
+        }
+        if let Some((rx, identity, initial, interval)) = &self.scale_in {
+            seen.scale_in.workload = rx.borrow().clone();
+            let ask = plan::scale_in::voters_to_ask(identity, *initial, *interval, &seen);
+            if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
+                seen.scale_in.voters_answering =
+                    Some(scale_in::answering_voters(&mut self.conn, &members, &ids).await);
+            }
         }
         let mut health = assess(&seen.local);
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
@@ -299,6 +316,20 @@ where
         .auto_recover_after
         .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
+    if let (Some(interval), Some(access)) = (cfg.scale_in, &cfg.kube) {
+        if let Ok(api) = crate::kube_api::ApiWorkload::new(access) {
+            let (tx, rx) = watch::channel(None);
+            tokio::spawn(scale_in::watch_workload(
+                api,
+                access.statefulset.clone(),
+                interval,
+                tx,
+                stop.clone(),
+            ));
+            sidecar.scale_in = Some((rx, cfg.identity.clone(), cfg.replicas, interval));
+            tracing::info!(api = %access.url, statefulset = %access.statefulset, "scale-in on: members of ordinals >= spec.replicas whose pods are gone are removed by the leader");
+        }
+    }
     let mut state = AppState::new(
         sidecar.health(),
         Arc::new(registry),

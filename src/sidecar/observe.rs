@@ -59,6 +59,9 @@ pub struct Observation {
     /// The other voters' status, asked only when the defragmentation planner needs them
     /// (filled in by the loop, see [`peer_statuses`]).
     pub peers: Vec<MemberStatus>,
+    /// With `--scale-in`: the Kubernetes API's view and the voters' answers (filled in by
+    /// the loop).
+    pub scale_in: super::plan::scale_in::ScaleInSeen,
 }
 
 impl Observation {
@@ -250,6 +253,7 @@ pub async fn observe<D: Dns, C: Connector>(
         previous: Vec::new(),
         backup_rounds: Vec::new(),
         peers: Vec::new(),
+        scale_in: Default::default(),
     }
 }
 

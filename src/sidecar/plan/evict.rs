@@ -206,6 +206,7 @@ mod planner_tests {
             previous: Vec::new(),
             backup_rounds: Vec::new(),
             peers: Vec::new(),
+            scale_in: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@ pub mod defrag;
 pub mod evict;
 pub mod peer_url;
 pub mod promote;
+pub mod scale_in;
 
 use std::fmt;
 
@@ -39,6 +40,9 @@ pub enum Step {
     Defrag { why: defrag::DefragWhy, lock: bool },
     /// Deactivate every NOSPACE alarm, through the local member.
     DisarmNospace,
+    /// Remove member `id` of a scaled-away ordinal through the local member (this pod's
+    /// member leads; see [`scale_in`]).
+    RemoveMember { id: u64, ordinal: u32 },
 }
 
 /// Why a step is intended: the log says it, tests match on it.
@@ -99,6 +103,14 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
         Box::new(evict::Evict::new(cfg.learner_stall_timeout, registry)),
         Box::new(peer_url::PeerUrl::default()),
     ];
+    if let Some(interval) = cfg.scale_in {
+        planners.push(Box::new(scale_in::ScaleIn::new(
+            cfg.identity.clone(),
+            cfg.replicas,
+            interval,
+            registry,
+        )));
+    }
     if let Some(b) = &cfg.backup {
         planners.push(Box::new(backup::Backup::new(b.interval, registry)));
     }

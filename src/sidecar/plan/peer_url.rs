@@ -92,6 +92,7 @@ mod tests {
             previous: Vec::new(),
             backup_rounds: Vec::new(),
             peers: Vec::new(),
+            scale_in: Default::default(),
         }
     }
 
