@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
-    RestoreWanted, SnapshotFacts, WalIdentity, WalState, WalTail,
+    RestoreWanted, SnapshotFacts, VersionFacts, WalIdentity, WalState, WalTail,
 };
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
@@ -235,6 +235,7 @@ fn facts_for(ordinal: u32) -> Facts {
         fresh_nonce: "fresh".into(),
         recovery_request: None,
         restore_request: None,
+        versions: VersionFacts::default(),
     }
 }
 
@@ -1820,6 +1821,7 @@ mod invariants {
             fresh_nonce: fresh,
             recovery_request: None,
             restore_request: None,
+            versions: VersionFacts::default(),
             }
         }
     }

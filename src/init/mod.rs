@@ -9,6 +9,7 @@ pub mod etcd_args;
 pub mod explain;
 pub mod observe;
 pub mod retry;
+pub mod upgrade;
 
 use std::path::PathBuf;
 
@@ -80,11 +81,14 @@ where
         connector: &connector,
         store: store.as_ref(),
     };
+    // The release this pod starts: read once per start, it cannot change meanwhile.
+    let binary = observe::binary_version(&cfg.etcd_bin).await;
     let mut backoff = Backoff::default();
     let mut round = 0u64;
     loop {
         round += 1;
-        let facts = observer.observe(nonce()).await?;
+        let mut facts = observer.observe(nonce()).await?;
+        facts.versions.binary = binary;
         let d = decide(&facts);
         explain::log(&facts, &d, round);
         if init.dry_run {
