@@ -129,7 +129,10 @@ async fn a_3_4_binary_in_a_3_5_cluster_waits_with_its_reason() {
     assert!(set.init_running(2), "init still waits\n{}", set.dump());
     assert!(set.status(2).await.is_err(), "no etcd serves on pod 2");
     // The cluster keeps serving on two voters.
-    set.put_keys("during", 10).await.unwrap();
+    let mut c = set.client(0).await.unwrap();
+    for i in 0..10 {
+        c.put(format!("during/{i}"), "v", None).await.unwrap();
+    }
     assert!(set.all_linearizable(&[0, 1], 3).await);
 
     // Back on the cluster's release, the pod restarts on its data.
