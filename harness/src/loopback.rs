@@ -471,7 +471,11 @@ impl Set {
             .args(self.common_args(o))
             .arg(format!(
                 "--etcd-bin={}",
-                self.pod(o).etcd_bin.as_ref().unwrap_or(&self.etcd).display()
+                self.pod(o)
+                    .etcd_bin
+                    .as_ref()
+                    .unwrap_or(&self.etcd)
+                    .display()
             ))
             .arg("--")
             .args(extra_etcd_args);
