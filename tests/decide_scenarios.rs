@@ -2160,7 +2160,7 @@ fn a_downgrade_below_the_cluster_version_waits_instead_of_restarting() {
         &d,
         &[
             "etcd 3.4.23 cannot join a cluster at version 3.5",
-            "etcd-0 says so",
+            "says so",
             "decided: restart",
         ],
     );
