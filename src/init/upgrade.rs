@@ -190,7 +190,9 @@ mod tests {
 
     #[test]
     fn each_path_holds_or_passes() {
-        let table: &[(&str, &[(&str, Option<&str>)], Option<&str>)] = &[
+        // (binary, peers as (server, cluster version), what the hold says or None).
+        type Peers<'a> = &'a [(&'a str, Option<&'a str>)];
+        let table: &[(&str, Peers, Option<&str>)] = &[
             // Same release, a patch either way, a rolling upgrade one minor up.
             ("3.5.30", &[("3.5.30", Some("3.5.0"))], None),
             ("3.5.1", &[("3.5.30", Some("3.5.0"))], None),
