@@ -714,4 +714,22 @@ mod tests {
         let d = cluster_deadline(true, &journal, Some(&held), Some(WAL), URL, 10);
         assert_eq!(d, CLUSTER_DEADLINE_WITH_DATA);
     }
+
+    #[test]
+    fn a_peers_version_answer_gives_its_release_and_the_cluster_version() {
+        let v = parse_peer_version(
+            "etcd-0",
+            br#"{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}"#,
+        )
+        .unwrap();
+        assert_eq!(v.server.to_string(), "3.5.30");
+        assert_eq!(v.cluster.map(|c| c.to_string()).as_deref(), Some("3.5.0"));
+        let undecided = parse_peer_version(
+            "etcd-0",
+            br#"{"etcdserver":"3.4.23","etcdcluster":"not_decided"}"#,
+        )
+        .unwrap();
+        assert_eq!(undecided.cluster, None);
+        assert!(parse_peer_version("etcd-0", b"<html>").is_err());
+    }
 }
