@@ -125,18 +125,26 @@ impl PeerReports for HttpReports {
 /// `etcd --version` of the binary this pod starts; `None` (logged) when it cannot be read,
 /// which holds no start (see [`upgrade`]).
 pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdVersion> {
-    let run = tokio::process::Command::new(bin)
-        .arg("--version")
-        .kill_on_drop(true)
-        .output();
+    // A blocking thread, not tokio's process driver: it holds a paused test clock still,
+    // and `etcd --version` answers at once.
+    let run = {
+        let bin = bin.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(bin).arg("--version").output()
+        })
+    };
     let out = match tokio::time::timeout(Duration::from_secs(10), run).await {
-        Ok(Ok(out)) if out.status.success() => out,
-        Ok(Ok(out)) => {
+        Ok(Ok(Ok(out))) if out.status.success() => out,
+        Ok(Ok(Ok(out))) => {
             tracing::warn!(bin = %bin.display(), status = %out.status, "etcd --version failed: its release is unknown, no upgrade check holds it");
             return None;
         }
-        Ok(Err(e)) => {
+        Ok(Ok(Err(e))) => {
             tracing::warn!(bin = %bin.display(), error = %e, "etcd --version could not run: its release is unknown, no upgrade check holds it");
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(bin = %bin.display(), error = %e, "etcd --version did not finish: its release is unknown, no upgrade check holds it");
             return None;
         }
         Err(_) => {
@@ -716,20 +724,19 @@ mod tests {
     }
 
     #[test]
-    fn a_peers_version_answer_gives_its_release_and_the_cluster_version() {
+    fn a_peers_version_answer_gives_its_release_and_the_cluster_version() -> Result<(), String> {
         let v = parse_peer_version(
             "etcd-0",
             br#"{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}"#,
-        )
-        .unwrap();
+        )?;
         assert_eq!(v.server.to_string(), "3.5.30");
         assert_eq!(v.cluster.map(|c| c.to_string()).as_deref(), Some("3.5.0"));
         let undecided = parse_peer_version(
             "etcd-0",
             br#"{"etcdserver":"3.4.23","etcdcluster":"not_decided"}"#,
-        )
-        .unwrap();
+        )?;
         assert_eq!(undecided.cluster, None);
         assert!(parse_peer_version("etcd-0", b"<html>").is_err());
+        Ok(())
     }
 }
