@@ -74,7 +74,7 @@ for b in etcd etcdutl; do
     # (lib/ in the context is the image's root).
     if ldd "$ctx/$b" >/dev/null 2>&1; then
         for lib in $(ldd "$ctx/$b" | grep -o '/[^ ]*'); do
-            install -D -m 0644 "$lib" "$ctx/lib$lib"
+            install -D -m 0755 "$lib" "$ctx/lib$lib"  # the loader is exec()d: 0755
         done
     fi
 done
