@@ -70,9 +70,9 @@ async fn acknowledged_writes_on(set: &Set, o: u32, acked: u64) -> i64 {
     c.get(write_key(0), Some(opts)).await.unwrap().count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rolling_upgrade_3_4_to_3_5_loses_no_acknowledged_write() {
-    let mut set = Set::new(STEWARD, Etcd::V3_4, 3).await.unwrap();
+/// Pods formed on `from`, restarted one by one on `to` (3.5.30) under a writer.
+async fn a_rolling_upgrade_loses_no_acknowledged_write(from: Etcd) {
+    let mut set = Set::new(STEWARD, from, 3).await.unwrap();
     set.start_all(WAIT).await.unwrap();
     set.put_keys("k", 50).await.unwrap();
     let writer = Writer::start((0..3).map(|o| set.client_url(o)).collect());
@@ -106,6 +106,17 @@ async fn rolling_upgrade_3_4_to_3_5_loses_no_acknowledged_write() {
         assert!(!set.logs(o).contains("cannot join"), "{}", set.dump());
     }
     set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_3_4_to_3_5_loses_no_acknowledged_write() {
+    a_rolling_upgrade_loses_no_acknowledged_write(Etcd::V3_4).await;
+}
+
+/// 3.5.0–3.5.2 have a known data-inconsistency bug: off 3.5.1 to a current 3.5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_3_5_1_to_3_5_30_loses_no_acknowledged_write() {
+    a_rolling_upgrade_loses_no_acknowledged_write(Etcd::V3_5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
