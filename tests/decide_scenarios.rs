@@ -2230,3 +2230,14 @@ fn a_restart_with_data_is_not_held_by_silent_peers_or_an_unknown_binary() {
     };
     assert_eq!(decide(&unknown).action, Action::Restart);
 }
+
+#[test]
+fn a_restart_while_the_cluster_version_is_still_unsettled_3_0_is_not_held() {
+    // etcd reports 3.0 until its leader settles the version, and never while a member is
+    // down: the pod that is down must not wait for it.
+    let f = Facts {
+        versions: versions(release(3, 5, 30), release(3, 5, 30), Some(release(3, 0, 0))),
+        ..restarting_member()
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
+}

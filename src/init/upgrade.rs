@@ -28,10 +28,10 @@ pub enum Hold {
         cluster: EtcdVersion,
         peer: String,
     },
-    /// The binary is more than one minor release ahead of the cluster version.
+    /// The binary is more than one minor release ahead of a peer's release.
     SkipsMinor {
         binary: EtcdVersion,
-        cluster: EtcdVersion,
+        server: EtcdVersion,
         peer: String,
     },
     /// etcd 3.6 or newer while a peer runs a release older than 3.5.20.
@@ -50,7 +50,7 @@ impl std::fmt::Display for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see README, Upgrades)", minor(cluster), minor(cluster)),
-            Hold::SkipsMinor { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", minor(cluster), cluster.major, cluster.minor + 1),
+            Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", server.major, server.minor + 1),
             Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see README, Upgrades)"),
         }
     }
@@ -81,7 +81,8 @@ pub fn hold(v: &VersionFacts) -> Option<Hold> {
     let binary = v.binary?;
     let key = |x: &EtcdVersion| (x.major, x.minor);
     // Members agree on one cluster version; a peer still catching up may report an older
-    // one, so the highest reported is the cluster's.
+    // one, so the highest reported is the cluster's. (Until the leader settles it, etcd
+    // reports 3.0: never higher than the truth, so it never holds a binary wrongly.)
     let cluster = v
         .peers
         .iter()
@@ -95,11 +96,15 @@ pub fn hold(v: &VersionFacts) -> Option<Hold> {
                 peer,
             });
         }
-        if binary.major != cluster.major || binary.minor > cluster.minor + 1 {
+    }
+    // A skipped minor release shows in the oldest release a peer runs (the cluster version
+    // may still be 3.0, not yet settled).
+    if let Some(p) = v.peers.iter().min_by_key(|p| p.server) {
+        if binary.major != p.server.major || binary.minor > p.server.minor + 1 {
             return Some(Hold::SkipsMinor {
                 binary,
-                cluster,
-                peer,
+                server: p.server,
+                peer: p.name.clone(),
             });
         }
     }
@@ -235,6 +240,18 @@ mod tests {
             ("3.4.23", &[], None),
             // A peer answers but its cluster version is not decided yet.
             ("3.4.23", &[("3.5.30", None)], None),
+            // Right after a formation (or with a member down) etcd still reports 3.0.
+            (
+                "3.5.30",
+                &[("3.5.30", Some("3.0.0")), ("3.5.30", Some("3.0.0"))],
+                None,
+            ),
+            // Two minors ahead of a peer's release, whatever the cluster version says.
+            (
+                "3.6.1",
+                &[("3.4.23", Some("3.0.0"))],
+                Some("while etcd-0 runs etcd 3.4.23"),
+            ),
         ];
         for (binary, ps, want) in table {
             let got = hold(&peers(binary, ps)).map(|h| h.to_string());
