@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use etcd_client::GetOptions;
+use harness::client::http_get;
 use harness::loopback::Set;
 use harness::writer::{write_key, Writer};
 use harness::Etcd;
@@ -54,6 +55,14 @@ async fn back_on(set: &mut Set, o: u32, version: &str) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The cluster version pod `o`'s etcd reports at `/version` (`etcdcluster`).
+async fn cluster_version(set: &Set, o: u32) -> Option<String> {
+    let addr = std::net::SocketAddr::new(set.pod(o).ip.into(), 2379);
+    let (code, body) = http_get(addr, "/version", Duration::from_secs(2), 4096).await?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    (code == 200).then(|| v["etcdcluster"].as_str().map(str::to_string))?
 }
 
 async fn version_of(set: &Set, o: u32) -> Option<String> {
@@ -124,6 +133,14 @@ async fn a_3_4_binary_in_a_3_5_cluster_waits_with_its_reason() {
     let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
     set.start_all(WAIT).await.unwrap();
     set.put_keys("k", 30).await.unwrap();
+    // etcd reports 3.0 until its leader settles the cluster version (with every member up).
+    harness::wait_for_or(
+        WAIT,
+        "the cluster version settled at 3.5",
+        || async { cluster_version(&set, 0).await.as_deref() == Some("3.5.0") },
+        || set.dump(),
+    )
+    .await;
 
     set.kill(2).await.unwrap();
     set.set_pod_etcd(2, Etcd::V3_4);
