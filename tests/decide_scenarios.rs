@@ -6,8 +6,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
-    RestoreWanted, SnapshotFacts, WalIdentity, WalState, WalTail,
+    RestoreWanted, SnapshotFacts, VersionFacts, WalIdentity, WalState, WalTail,
 };
+use etcd_steward::facts::{EtcdVersion, PeerVersion};
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
 // ---------------------------------------------------------------------------------------
@@ -235,6 +236,7 @@ fn facts_for(ordinal: u32) -> Facts {
         fresh_nonce: "fresh".into(),
         recovery_request: None,
         restore_request: None,
+        versions: VersionFacts::default(),
     }
 }
 
@@ -1820,6 +1822,7 @@ mod invariants {
             fresh_nonce: fresh,
             recovery_request: None,
             restore_request: None,
+            versions: VersionFacts::default(),
             }
         }
     }
@@ -2105,4 +2108,136 @@ mod invariants {
             prop_assert!(!decide(&f).reason().trim().is_empty());
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Upgrades: a release that may not join waits with its reason; unknown holds nothing.
+// ---------------------------------------------------------------------------------------
+
+fn release(major: u32, minor: u32, patch: u32) -> EtcdVersion {
+    EtcdVersion {
+        major,
+        minor,
+        patch,
+    }
+}
+
+/// This pod starts `binary`; peers 0 and 2 run `server` in a cluster at `cluster`.
+fn versions(
+    binary: EtcdVersion,
+    server: EtcdVersion,
+    cluster: Option<EtcdVersion>,
+) -> VersionFacts {
+    VersionFacts {
+        binary: Some(binary),
+        peers: [0, 2]
+            .iter()
+            .map(|o| PeerVersion {
+                name: pod(*o),
+                server,
+                cluster,
+            })
+            .collect(),
+    }
+}
+
+fn restarting_member() -> Facts {
+    Facts {
+        data: wal_of(0xa1, CLUSTER),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        ..facts()
+    }
+}
+
+#[test]
+fn a_downgrade_below_the_cluster_version_waits_instead_of_restarting() {
+    let f = Facts {
+        versions: versions(release(3, 4, 23), release(3, 5, 30), Some(release(3, 5, 0))),
+        ..restarting_member()
+    };
+    let d = decide(&f);
+    assert_waits(
+        &d,
+        &[
+            "etcd 3.4.23 cannot join a cluster at version 3.5",
+            "says so",
+            "decided: restart",
+        ],
+    );
+}
+
+#[test]
+fn a_rolling_upgrade_one_minor_up_restarts() {
+    let f = Facts {
+        versions: versions(release(3, 5, 30), release(3, 4, 23), Some(release(3, 4, 0))),
+        ..restarting_member()
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_3_4_binary_may_return_while_the_cluster_version_is_still_3_4() {
+    let f = Facts {
+        versions: versions(release(3, 4, 23), release(3, 5, 30), Some(release(3, 4, 0))),
+        ..restarting_member()
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
+}
+
+#[test]
+fn a_skipped_minor_release_waits() {
+    let f = Facts {
+        versions: versions(release(3, 6, 1), release(3, 4, 23), Some(release(3, 4, 0))),
+        ..restarting_member()
+    };
+    assert_waits(
+        &decide(&f),
+        &["one minor release at a time", "to 3.5 first"],
+    );
+}
+
+#[test]
+fn an_empty_3_6_pod_does_not_join_members_before_3_5_20() {
+    let f = Facts {
+        cluster: healthy_without_us(),
+        versions: versions(release(3, 6, 1), release(3, 5, 19), Some(release(3, 5, 0))),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_waits(
+        &d,
+        &["runs etcd 3.5.19", "3.5.20 or newer", "decided: join"],
+    );
+}
+
+#[test]
+fn a_restart_with_data_is_not_held_by_silent_peers_or_an_unknown_binary() {
+    let silent = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        versions: VersionFacts {
+            binary: Some(release(3, 4, 23)),
+            peers: vec![],
+        },
+        ..facts()
+    };
+    assert_eq!(decide(&silent).action, Action::Restart);
+    let unknown = Facts {
+        versions: VersionFacts {
+            binary: None,
+            ..versions(release(3, 4, 23), release(3, 5, 30), Some(release(3, 5, 0)))
+        },
+        ..restarting_member()
+    };
+    assert_eq!(decide(&unknown).action, Action::Restart);
+}
+
+#[test]
+fn a_restart_while_the_cluster_version_is_still_unsettled_3_0_is_not_held() {
+    // etcd reports 3.0 until its leader settles the version, and never while a member is
+    // down: the pod that is down must not wait for it.
+    let f = Facts {
+        versions: versions(release(3, 5, 30), release(3, 5, 30), Some(release(3, 0, 0))),
+        ..restarting_member()
+    };
+    assert_eq!(decide(&f).action, Action::Restart);
 }

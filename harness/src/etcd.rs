@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Etcd {
     /// etcd 3.5.1 (`ETCD_3_5_BIN`, or `.tools/etcd-v3.5.1/etcd` of the repository; in
-    /// Docker, the image's own).
+    /// Docker, the image's own: a current 3.5, 3.5.30 by default).
     V3_5,
     /// Debian's etcd 3.4.23 (`ETCD_3_4_BIN`, or /usr/bin/etcd).
     V3_4,

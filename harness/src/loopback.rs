@@ -126,6 +126,8 @@ pub struct Pod {
     sidecar: Option<Child>,
     /// Counts the pod's starts: each start logs to files of its own.
     incarnation: u32,
+    /// The etcd binary this pod's init starts, when not the set's (an upgrade, a downgrade).
+    etcd_bin: Option<PathBuf>,
 }
 
 /// A loopback StatefulSet (see the module's documentation).
@@ -285,8 +287,15 @@ impl Set {
             etcd: None,
             sidecar: None,
             incarnation: 0,
+            etcd_bin: None,
         });
         Ok(())
+    }
+
+    /// From its next start on, pod `o`'s init starts `etcd`'s binary instead of the set's:
+    /// the image of a rolling upgrade (or of a downgrade).
+    pub fn set_pod_etcd(&mut self, o: u32, etcd: Etcd) {
+        self.pod_mut(o).etcd_bin = Some(etcd.bin());
     }
 
     /// Pod `o`; panics when the set has no such pod (a mistake in the scenario).
@@ -460,7 +469,14 @@ impl Set {
         let mut cmd = procs::in_pod_namespace(&self.root_path.join("resolv.conf"), &self.steward);
         cmd.arg("init")
             .args(self.common_args(o))
-            .arg(format!("--etcd-bin={}", self.etcd.display()))
+            .arg(format!(
+                "--etcd-bin={}",
+                self.pod(o)
+                    .etcd_bin
+                    .as_ref()
+                    .unwrap_or(&self.etcd)
+                    .display()
+            ))
             .arg("--")
             .args(extra_etcd_args);
         let cmd = self.steward_command(cmd, o, "init")?;

@@ -293,6 +293,11 @@ pub enum Why {
         error: String,
         then: Box<Decision>,
     },
+    // This pod's etcd release may not join the cluster its peers run.
+    VersionHeld {
+        hold: super::upgrade::Hold,
+        then: Box<Decision>,
+    },
 }
 
 /// Identifies a [`Why`] variant, whatever its fields: what the back-off keys on.
@@ -310,9 +315,9 @@ impl Why {
         match self {
             Why::WaitingForPrepare { pods } => pods.len(),
             Why::NoProofYet { blockers, .. } => blockers.len(),
-            Why::OwnNameNotPublished { then, .. } | Why::OwnNameFails { then, .. } => {
-                then.why.outstanding()
-            }
+            Why::OwnNameNotPublished { then, .. }
+            | Why::OwnNameFails { then, .. }
+            | Why::VersionHeld { then, .. } => then.why.outstanding(),
             _ => 0,
         }
     }
@@ -357,6 +362,7 @@ impl std::fmt::Display for Why {
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
+            Why::VersionHeld { hold, then } => write!(f, "{hold} (decided: {}, {})", then.action.name(), then.why),
         }
     }
 }
@@ -451,7 +457,7 @@ pub fn decide(f: &Facts) -> Decision {
         _ if f.data.has_data() => decide_with_data(f),
         _ => decide_empty(f),
     };
-    gate_on_own_dns(f, d)
+    super::upgrade::gate(f, gate_on_own_dns(f, d))
 }
 
 /// A pod that left: its data goes aside once the cluster confirms its member is removed;

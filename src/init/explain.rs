@@ -63,6 +63,17 @@ fn backups(f: &Facts) -> Value {
     }
 }
 
+fn versions(f: &Facts) -> Value {
+    json!({
+        "binary": f.versions.binary.map(|v| v.to_string()),
+        "peers": f.versions.peers.iter().map(|p| json!({
+            "name": p.name,
+            "server": p.server.to_string(),
+            "cluster": p.cluster.map(|v| v.to_string()),
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// What a decision was taken on: the facts a reader of an incident needs.
 pub fn inputs(f: &Facts) -> Value {
     json!({
@@ -71,6 +82,7 @@ pub fn inputs(f: &Facts) -> Value {
         "cluster": cluster(f),
         "peers": peers(f),
         "backups": backups(f),
+        "versions": versions(f),
     })
 }
 
@@ -86,6 +98,7 @@ pub fn decision_json(f: &Facts, d: &Decision) -> Value {
         "cluster": cluster(f),
         "peers": peers(f),
         "backups": backups(f),
+        "versions": versions(f),
     });
     match &d.action {
         Action::Bootstrap(step) => {

@@ -9,6 +9,7 @@ pub mod etcd_args;
 pub mod explain;
 pub mod observe;
 pub mod retry;
+pub mod upgrade;
 
 use std::path::PathBuf;
 
@@ -80,11 +81,22 @@ where
         connector: &connector,
         store: store.as_ref(),
     };
+    // The release this pod starts: read once per start (it cannot change meanwhile), while
+    // the first round observes, so a restart does not wait for it.
+    let mut reading = Some(tokio::spawn({
+        let bin = cfg.etcd_bin.clone();
+        async move { observe::binary_version(&bin).await }
+    }));
+    let mut binary = None;
     let mut backoff = Backoff::default();
     let mut round = 0u64;
     loop {
         round += 1;
-        let facts = observer.observe(nonce()).await?;
+        let mut facts = observer.observe(nonce()).await?;
+        if let Some(task) = reading.take() {
+            binary = task.await.unwrap_or(None);
+        }
+        facts.versions.binary = binary;
         let d = decide(&facts);
         explain::log(&facts, &d, round);
         if init.dry_run {

@@ -14,9 +14,10 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
-    RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotFacts,
+    PeerVersion, RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotFacts, VersionFacts,
 };
 use crate::http_get;
+use crate::init::upgrade;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
 use crate::volume::{self, VolumeError};
 
@@ -48,6 +49,19 @@ pub trait PeerReports: Send + Sync {
         ip: IpAddr,
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<PeerReport, String>> + Send;
+
+    /// What the etcd of pod `name` answers at `/version` on its peer port: its release and
+    /// the cluster version. Not asked by default (fakes that do not model versions).
+    fn version(
+        &self,
+        name: &str,
+        host: &str,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<PeerVersion, String>> + Send {
+        let _ = (name, host, ip, timeout);
+        std::future::ready(Err("not asked".to_string()))
+    }
 }
 
 /// Reports over HTTP from the peers' sidecars; with peer TLS, only over mutual TLS with the
@@ -56,6 +70,8 @@ pub trait PeerReports: Send + Sync {
 pub struct HttpReports {
     port: u16,
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// etcd's peer port, where `/version` is asked (over the peer TLS, when on).
+    peer_port: u16,
 }
 
 impl HttpReports {
@@ -64,10 +80,12 @@ impl HttpReports {
             Some(t) => HttpReports {
                 port: cfg.peer_report_port,
                 tls: Some(t.client_config()),
+                peer_port: cfg.identity.peer_port,
             },
             None => HttpReports {
                 port: cfg.http_port,
                 tls: None,
+                peer_port: cfg.identity.peer_port,
             },
         }
     }
@@ -84,6 +102,84 @@ impl PeerReports for HttpReports {
         let addr = SocketAddr::new(ip, self.port);
         fetch_report(addr, host, name, self.tls.as_ref(), timeout).await
     }
+
+    async fn version(
+        &self,
+        name: &str,
+        host: &str,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> Result<PeerVersion, String> {
+        let addr = SocketAddr::new(ip, self.peer_port);
+        let (code, body) =
+            http_get::get_with(addr, host, "/version", timeout, 4096, self.tls.as_ref())
+                .await
+                .map_err(|e| e.to_string())?;
+        if code != 200 {
+            return Err(format!("/version answered {code}"));
+        }
+        parse_peer_version(name, &body)
+    }
+}
+
+/// `etcd --version` of the binary this pod starts; `None` (logged) when it cannot be read,
+/// which holds no start (see [`upgrade`]).
+pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdVersion> {
+    // A blocking thread, not tokio's process driver: it holds a paused test clock still,
+    // and `etcd --version` answers at once.
+    let run = {
+        let bin = bin.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(bin).arg("--version").output()
+        })
+    };
+    let out = match tokio::time::timeout(Duration::from_secs(10), run).await {
+        Ok(Ok(Ok(out))) if out.status.success() => out,
+        Ok(Ok(Ok(out))) => {
+            tracing::warn!(bin = %bin.display(), status = %out.status, "etcd --version failed: its release is unknown, no upgrade check holds it");
+            return None;
+        }
+        Ok(Ok(Err(e))) => {
+            tracing::warn!(bin = %bin.display(), error = %e, "etcd --version could not run: its release is unknown, no upgrade check holds it");
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(bin = %bin.display(), error = %e, "etcd --version did not finish: its release is unknown, no upgrade check holds it");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(bin = %bin.display(), "etcd --version did not answer within 10s: its release is unknown, no upgrade check holds it");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = upgrade::parse_version(&text);
+    match v {
+        Some(v) => tracing::info!(bin = %bin.display(), version = %v, "etcd release"),
+        None => {
+            tracing::warn!(bin = %bin.display(), output = %text, "etcd --version names no release: no upgrade check holds it")
+        }
+    }
+    v
+}
+
+/// Reads etcd's `/version` answer: `{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}`
+/// (`etcdcluster` is `not_decided` until the cluster agreed on one).
+pub fn parse_peer_version(name: &str, body: &[u8]) -> Result<PeerVersion, String> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        etcdserver: String,
+        etcdcluster: String,
+    }
+    let a: Answer =
+        serde_json::from_slice(body).map_err(|e| format!("/version unreadable: {e}"))?;
+    let server = upgrade::parse_version(&a.etcdserver)
+        .ok_or_else(|| format!("/version names no release: {:?}", a.etcdserver))?;
+    Ok(PeerVersion {
+        name: name.to_string(),
+        server,
+        cluster: upgrade::parse_version(&a.etcdcluster),
+    })
 }
 
 pub struct Observer<D, C, R> {
@@ -176,24 +272,47 @@ where
                 let name = id.pod_name(o);
                 let host = id.host(o);
                 let reports = self.reports.clone();
+                // Only init starts etcd: only its look asks the peers' releases.
+                let ask_version = self.starting;
                 set.spawn(async move {
-                    let report = match lookup.first() {
-                        Some(ip) => Some(reports.report(&name, &host, ip, report_timeout).await),
-                        None => None,
+                    let (report, version) = match lookup.first() {
+                        Some(ip) => {
+                            let version = async {
+                                match ask_version {
+                                    true => reports.version(&name, &host, ip, deadline).await.ok(),
+                                    false => None,
+                                }
+                            };
+                            let (r, v) = tokio::join!(
+                                reports.report(&name, &host, ip, report_timeout),
+                                version
+                            );
+                            (Some(r), v)
+                        }
+                        None => (None, None),
                     };
-                    PeerFacts {
-                        ordinal: o,
-                        name,
-                        dns: lookup,
-                        report,
-                    }
+                    (
+                        PeerFacts {
+                            ordinal: o,
+                            name,
+                            dns: lookup,
+                            report,
+                        },
+                        version,
+                    )
                 });
             }
             let mut all = set.join_all().await;
-            all.sort_by_key(|p| p.ordinal);
+            all.sort_by_key(|(p, _)| p.ordinal);
             all
         };
-        let (cluster, peer_facts) = tokio::join!(cluster, reports);
+        let (cluster, answers) = tokio::join!(cluster, reports);
+        let mut versions = VersionFacts::default();
+        let mut peer_facts = Vec::with_capacity(answers.len());
+        for (p, v) in answers {
+            peer_facts.push(p);
+            versions.peers.extend(v);
+        }
         let recovery_request = recovery_request(&id.name(), &peer_facts, own_report.as_ref());
         let restore_request = peer_facts
             .iter()
@@ -234,6 +353,7 @@ where
             fresh_nonce,
             recovery_request,
             restore_request,
+            versions,
         })
     }
 
@@ -601,5 +721,22 @@ mod tests {
         });
         let d = cluster_deadline(true, &journal, Some(&held), Some(WAL), URL, 10);
         assert_eq!(d, CLUSTER_DEADLINE_WITH_DATA);
+    }
+
+    #[test]
+    fn a_peers_version_answer_gives_its_release_and_the_cluster_version() -> Result<(), String> {
+        let v = parse_peer_version(
+            "etcd-0",
+            br#"{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}"#,
+        )?;
+        assert_eq!(v.server.to_string(), "3.5.30");
+        assert_eq!(v.cluster.map(|c| c.to_string()).as_deref(), Some("3.5.0"));
+        let undecided = parse_peer_version(
+            "etcd-0",
+            br#"{"etcdserver":"3.4.23","etcdcluster":"not_decided"}"#,
+        )?;
+        assert_eq!(undecided.cluster, None);
+        assert!(parse_peer_version("etcd-0", b"<html>").is_err());
+        Ok(())
     }
 }

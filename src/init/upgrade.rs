@@ -1,0 +1,272 @@
+//! Pure: whether the etcd release this pod would start may join the cluster its peers run.
+//! A binary etcd would refuse (older than the cluster version, or more than one minor
+//! release ahead of it), or a path etcd's own upgrade notes call unsafe, waits with a
+//! reason instead of starting etcd into a crash loop.
+//!
+//! Only what peers said holds a start: a binary whose version could not be read, or peers
+//! that did not answer, hold nothing. A member restarting on its own data must not be held
+//! by silence (etcd itself still refuses an incompatible cluster once it hears from it).
+
+use crate::facts::{EtcdVersion, Facts, VersionFacts};
+
+use super::decide::{Action, Decision, Why};
+
+/// The first 3.5 release a 3.6 member may join: earlier 3.5 releases can hold membership
+/// data that etcd 3.6 does not accept (etcd's upgrade notes: upgrade to 3.5.20 or newer first).
+pub const SAFE_FOR_3_6: EtcdVersion = EtcdVersion {
+    major: 3,
+    minor: 5,
+    patch: 20,
+};
+
+/// Why this pod's etcd release waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// The binary is older than the cluster version: etcd never lowers it.
+    Older {
+        binary: EtcdVersion,
+        cluster: EtcdVersion,
+        peer: String,
+    },
+    /// The binary is more than one minor release ahead of a peer's release.
+    SkipsMinor {
+        binary: EtcdVersion,
+        server: EtcdVersion,
+        peer: String,
+    },
+    /// etcd 3.6 or newer while a peer runs a release older than 3.5.20.
+    Before3_5_20 {
+        binary: EtcdVersion,
+        server: EtcdVersion,
+        peer: String,
+    },
+}
+
+fn minor(v: &EtcdVersion) -> String {
+    format!("{}.{}", v.major, v.minor)
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see README, Upgrades)", minor(cluster), minor(cluster)),
+            Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", server.major, server.minor + 1),
+            Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see README, Upgrades)"),
+        }
+    }
+}
+
+/// Parses `3.5.30` (or the first line of `etcd --version`: `etcd Version: 3.5.30`).
+pub fn parse_version(text: &str) -> Option<EtcdVersion> {
+    let line = text.lines().find(|l| !l.trim().is_empty())?;
+    let v = line.trim().rsplit(' ').next()?.trim_start_matches('v');
+    let mut parts = v.splitn(3, '.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    // A pre-release or build suffix (3.6.0-rc.1) keeps its number.
+    let patch: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some(EtcdVersion {
+        major,
+        minor,
+        patch: patch.parse().ok()?,
+    })
+}
+
+/// Why the binary must wait, if a peer's answer says so.
+pub fn hold(v: &VersionFacts) -> Option<Hold> {
+    let binary = v.binary?;
+    let key = |x: &EtcdVersion| (x.major, x.minor);
+    // Members agree on one cluster version; a peer still catching up may report an older
+    // one, so the highest reported is the cluster's. (Until the leader settles it, etcd
+    // reports 3.0: never higher than the truth, so it never holds a binary wrongly.)
+    let cluster = v
+        .peers
+        .iter()
+        .filter_map(|p| p.cluster.map(|c| (c, p.name.clone())))
+        .max_by_key(|(c, _)| key(c));
+    if let Some((cluster, peer)) = cluster {
+        if key(&binary) < key(&cluster) {
+            return Some(Hold::Older {
+                binary,
+                cluster,
+                peer,
+            });
+        }
+    }
+    // A skipped minor release shows in the oldest release a peer runs (the cluster version
+    // may still be 3.0, not yet settled).
+    if let Some(p) = v.peers.iter().min_by_key(|p| p.server) {
+        if binary.major != p.server.major || binary.minor > p.server.minor + 1 {
+            return Some(Hold::SkipsMinor {
+                binary,
+                server: p.server,
+                peer: p.name.clone(),
+            });
+        }
+    }
+    if key(&binary) >= (3, 6) {
+        if let Some(p) = v.peers.iter().find(|p| p.server < SAFE_FOR_3_6) {
+            return Some(Hold::Before3_5_20 {
+                binary,
+                server: p.server,
+                peer: p.name.clone(),
+            });
+        }
+    }
+    None
+}
+
+/// Holds any decision that would start etcd (or change membership or the volume for it)
+/// while this binary may not join; a wait stays that wait.
+pub fn gate(f: &Facts, d: Decision) -> Decision {
+    if matches!(d.action, Action::Wait) {
+        return d;
+    }
+    match hold(&f.versions) {
+        Some(hold) => Decision {
+            action: Action::Wait,
+            why: Why::VersionHeld {
+                hold,
+                then: Box::new(d),
+            },
+        },
+        None => d,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::facts::PeerVersion;
+
+    fn v(text: &str) -> EtcdVersion {
+        parse_version(text).unwrap_or_else(|| panic!("{text}"))
+    }
+
+    fn peers(binary: &str, peers: &[(&str, Option<&str>)]) -> VersionFacts {
+        VersionFacts {
+            binary: Some(v(binary)),
+            peers: peers
+                .iter()
+                .enumerate()
+                .map(|(i, (server, cluster))| PeerVersion {
+                    name: format!("etcd-{i}"),
+                    server: v(server),
+                    cluster: cluster.map(v),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn versions_parse_from_etcd_and_its_version_endpoint() {
+        let out = "etcd Version: 3.5.30\nGit SHA: Not provided\nGo Version: go1.26.4\n";
+        assert_eq!(
+            v(out),
+            EtcdVersion {
+                major: 3,
+                minor: 5,
+                patch: 30
+            }
+        );
+        assert_eq!(
+            v("3.4.0"),
+            EtcdVersion {
+                major: 3,
+                minor: 4,
+                patch: 0
+            }
+        );
+        assert_eq!(
+            v("v3.6.0-rc.1"),
+            EtcdVersion {
+                major: 3,
+                minor: 6,
+                patch: 0
+            }
+        );
+        assert_eq!(parse_version("not_decided"), None);
+        assert_eq!(parse_version(""), None);
+    }
+
+    #[test]
+    fn each_path_holds_or_passes() {
+        // (binary, peers as (server, cluster version), what the hold says or None).
+        type Peers<'a> = &'a [(&'a str, Option<&'a str>)];
+        let table: &[(&str, Peers, Option<&str>)] = &[
+            // Same release, a patch either way, a rolling upgrade one minor up.
+            ("3.5.30", &[("3.5.30", Some("3.5.0"))], None),
+            ("3.5.1", &[("3.5.30", Some("3.5.0"))], None),
+            (
+                "3.5.30",
+                &[("3.4.23", Some("3.4.0")), ("3.5.30", Some("3.4.0"))],
+                None,
+            ),
+            // Downgrade below the cluster version.
+            (
+                "3.4.23",
+                &[("3.5.30", Some("3.5.0"))],
+                Some("cannot join a cluster at version 3.5"),
+            ),
+            // Mid-upgrade a 3.4 binary may still return: the cluster is still at 3.4.
+            (
+                "3.4.23",
+                &[("3.5.30", Some("3.4.0")), ("3.4.23", Some("3.4.0"))],
+                None,
+            ),
+            // A minor release skipped.
+            (
+                "3.6.0",
+                &[("3.4.23", Some("3.4.0"))],
+                Some("one minor release at a time"),
+            ),
+            // 3.6 onto 3.5 before 3.5.20, whatever the cluster version says.
+            (
+                "3.6.1",
+                &[("3.5.30", Some("3.5.0")), ("3.5.19", Some("3.5.0"))],
+                Some("etcd-1 runs etcd 3.5.19"),
+            ),
+            ("3.6.1", &[("3.5.19", None)], Some("3.5.20 or newer")),
+            (
+                "3.6.1",
+                &[("3.5.20", Some("3.5.0")), ("3.6.1", Some("3.5.0"))],
+                None,
+            ),
+            // Nobody answered: nothing holds.
+            ("3.4.23", &[], None),
+            // A peer answers but its cluster version is not decided yet.
+            ("3.4.23", &[("3.5.30", None)], None),
+            // Right after a formation (or with a member down) etcd still reports 3.0.
+            (
+                "3.5.30",
+                &[("3.5.30", Some("3.0.0")), ("3.5.30", Some("3.0.0"))],
+                None,
+            ),
+            // Two minors ahead of a peer's release, whatever the cluster version says.
+            (
+                "3.6.1",
+                &[("3.4.23", Some("3.0.0"))],
+                Some("while etcd-0 runs etcd 3.4.23"),
+            ),
+        ];
+        for (binary, ps, want) in table {
+            let got = hold(&peers(binary, ps)).map(|h| h.to_string());
+            match (want, &got) {
+                (None, None) => {}
+                (Some(w), Some(g)) if g.contains(w) => {}
+                _ => panic!("{binary} with {ps:?}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_unreadable_binary_version_holds_nothing() {
+        let mut f = peers("3.4.23", &[("3.5.30", Some("3.5.0"))]);
+        f.binary = None;
+        assert_eq!(hold(&f), None);
+    }
+}
