@@ -42,6 +42,10 @@ pub const DEFAULT_IMAGE: &str = "etcd-steward:test";
 const ETCD_3_4_IN_POD: &str = "/opt/etcd-3.4/etcd";
 /// Where the backup store's volume is mounted in a pod ([`Cluster::enable_backups`]).
 pub const BACKUP_MOUNT: &str = "/backups";
+/// The headless Service's DNS name (pods with peer TLS carry it as a network alias).
+pub const SERVICE_HOST: &str = "etcd.default.svc.cluster.local";
+/// Where [`Cluster::enable_peer_tls`] mounts the peer certificates in a pod.
+pub const PEER_TLS_MOUNT: &str = "/etc/etcd-steward/peer-tls";
 
 /// Scenarios running at once (`STEWARD_FAULT_PARALLEL`, default 2). A heavy scenario takes
 /// every slot.
@@ -200,6 +204,9 @@ pub struct Cluster {
     pub stall_timeout: Option<String>,
     /// The backup store's volume, once [`Cluster::enable_backups`] made it.
     backups: Option<String>,
+    /// The host directory of the peer certificates, once [`Cluster::enable_peer_tls`]
+    /// made them.
+    peer_tls: Option<std::path::PathBuf>,
     /// `--backup-interval` of pods created with backups (default `1h`: the periodic
     /// snapshots stay out of the way of the ones a scenario takes).
     pub backup_interval: String,
@@ -239,6 +246,7 @@ impl Cluster {
             replicas,
             stall_timeout: None,
             backups: None,
+            peer_tls: None,
             backup_interval: "1h".to_string(),
             net,
             mgmt,
@@ -301,7 +309,27 @@ impl Cluster {
         if let Some(t) = &self.stall_timeout {
             args.push(format!("--learner-stall-timeout={t}"));
         }
+        if self.peer_tls.is_some() {
+            for (opt, file) in [
+                ("--peer-cert-file", "peer.pem"),
+                ("--peer-key-file", "peer-key.pem"),
+                ("--peer-trusted-ca-file", "peer-ca.pem"),
+            ] {
+                args.push(format!("{opt}={PEER_TLS_MOUNT}/{file}"));
+            }
+        }
         args
+    }
+
+    /// `-v` options that mount the peer certificates (read-only), once enabled.
+    fn peer_tls_args(&self) -> Vec<String> {
+        match &self.peer_tls {
+            Some(dir) => vec![
+                "-v".into(),
+                format!("{}:{PEER_TLS_MOUNT}:ro", dir.display()),
+            ],
+            None => Vec::new(),
+        }
     }
 
     /// `-e`/`-v` options that give a container the backup store (`file://` on a volume
@@ -380,6 +408,13 @@ impl Cluster {
             format!("{vol}:/var/lib/etcd"),
         ];
         args.extend(self.backup_args(false));
+        args.extend(self.peer_tls_args());
+        if self.peer_tls.is_some() {
+            // The headless Service's name, resolving to every pod: etcd checks that a peer's
+            // client certificate names the address it connects from, by an IP or by a DNS
+            // name that resolves to it (a wildcard resolves to nothing).
+            args.extend(["--network-alias".into(), SERVICE_HOST.into()]);
+        }
         args.extend(self.security_args());
         if etcd == Etcd::V3_4 {
             for m in &self.mounts_3_4 {
@@ -453,6 +488,7 @@ impl Cluster {
             format!("{}:/var/lib/etcd:ro", self.volume(o)),
         ];
         args.extend(self.backup_args(true));
+        args.extend(self.peer_tls_args());
         args.extend(self.security_args());
         args.push(image());
         args.push("etcd-steward".into());
@@ -601,6 +637,21 @@ impl Cluster {
         self.say(&format!(
             "backup store: volume {vol} at file://{BACKUP_MOUNT}"
         ));
+    }
+
+    /// Gives every pod created from now on peer TLS (`--peer-cert-file`, … with mutual TLS),
+    /// as a StatefulSet rolled with the peer certificates mounted does: certificates for
+    /// `*.etcd.default.svc.cluster.local` from a new peer CA, in a host directory mounted
+    /// read-only at [`PEER_TLS_MOUNT`]. Pods created before keep talking plain HTTP.
+    pub fn enable_peer_tls(&mut self) {
+        let dir = std::env::temp_dir().join(format!("{}-peer-tls", self.run));
+        crate::pki::Pki::generate(&dir, "etcd", "default", "cluster.local")
+            .unwrap_or_else(|e| panic!("peer certificates in {}: {e}", dir.display()));
+        self.say(&format!(
+            "peer TLS for pods created from now on ({})",
+            dir.display()
+        ));
+        self.peer_tls = Some(dir);
     }
 
     /// `etcd-steward backup` in pod `o`'s sidecar container: one snapshot now through its
