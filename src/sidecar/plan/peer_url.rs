@@ -128,7 +128,8 @@ mod tests {
         let t = Instant::now();
         let mut leaderless = seen(t, 0, old);
         leaderless.members = None;
-        leaderless.cluster_members = Some((peer.clone(), seen(t, 2, old).members.unwrap()));
+        leaderless.cluster_members =
+            Some((peer.clone(), seen(t, 2, old).members.unwrap_or_default()));
         assert_eq!(
             PeerUrl::default().plan(&leaderless),
             vec![Step::UpdatePeerUrls {
@@ -137,7 +138,7 @@ mod tests {
                 via: Some(peer.clone()),
             }]
         );
-        leaderless.cluster_members = Some((peer, seen(t, 2, NEW).members.unwrap()));
+        leaderless.cluster_members = Some((peer, seen(t, 2, NEW).members.unwrap_or_default()));
         assert!(
             PeerUrl::default().plan(&leaderless).is_empty(),
             "the peer lists it at its own URL: nothing to do"
