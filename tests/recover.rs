@@ -356,7 +356,7 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
         format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!(
             "--backup-scratch-dir={}",
-            set.root().join("scratch").display()
+            set.root().join("scratch-{ordinal}").display()
         ),
         "--backup-interval=1h".into(),
         // Not restored when volumes are lost: only at the operator's request.

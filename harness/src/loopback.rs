@@ -402,7 +402,13 @@ impl Set {
         }
         args.push(format!("--cluster-domain={DOMAIN}"));
         args.extend(self.pki.iter().flat_map(Pki::args));
-        args.extend(self.extra_args.iter().cloned());
+        // `{ordinal}` in an extra option becomes the pod's ordinal (per-pod paths, as a pod's
+        // own emptyDir would be).
+        args.extend(
+            self.extra_args
+                .iter()
+                .map(|a| a.replace("{ordinal}", &o.to_string())),
+        );
         args
     }
 

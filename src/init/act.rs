@@ -114,6 +114,13 @@ pub async fn act<C: Connector>(
                         commit: *commit,
                     },
                 )?;
+            }
+            // Journaled once per recovery, also when the start that wrote the marker was
+            // killed before its journal entry (the sidecar counts recoveries from it).
+            let journaled = journal::read(dir)
+                .iter()
+                .any(|e| e.action == ActionKind::Recover && e.reason.contains(id.as_str()));
+            if !journaled {
                 record(dir, facts, d, now)?;
             }
             tracing::warn!(recovery = %id, commit_index = commit, "recovery: starting etcd with --force-new-cluster on this volume's data; the other pods join it as new learners");
