@@ -45,8 +45,8 @@ pub struct Observation {
     /// When the local etcd runs but serves no client yet after `init` started it as a
     /// joining member: the member list as a voter has it, and that voter's client URL.
     pub joining: Option<(String, Vec<MemberInfo>)>,
-    /// When the local member is a voter that sees no leader: the member list as a peer has
-    /// it, and that peer's client URL. A member whose entry still names an old peer URL
+    /// When the local member is a voter that sees no leader and its own member list names
+    /// it at another peer URL: the member list as a peer has it, and that peer's client URL. A member whose entry still names an old peer URL
     /// (peer TLS switched on while the leader was away) hears from no leader until the
     /// entry is updated, which only the others can do.
     pub cluster_members: Option<(String, Vec<MemberInfo>)>,
@@ -231,8 +231,18 @@ pub async fn observe<D: Dns, C: Connector>(
     } else {
         None
     };
+    // Only when the local member list itself names this member at another peer URL:
+    // a leaderless tick (a quorum loss) does not go asking every peer.
+    let listed_elsewhere = |s: &MemberStatus| {
+        members.as_deref().is_some_and(|ms| {
+            ms.iter()
+                .any(|m| m.id == s.member_id && !m.peer_urls.iter().any(|u| u == own_peer_url))
+        })
+    };
     let cluster_members = match &status {
-        Ok(s) if !s.is_learner && s.leader == 0 => conn.members_from_peers().await,
+        Ok(s) if !s.is_learner && s.leader == 0 && listed_elsewhere(s) => {
+            conn.members_from_peers().await
+        }
         _ => None,
     };
     Observation {
