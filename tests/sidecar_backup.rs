@@ -13,9 +13,8 @@ use tokio::time::Instant;
 use etcd_steward::backup::schedule::BackupMetrics;
 use etcd_steward::config::{Cli, Command, Config};
 use etcd_steward::etcd::MemberStatus;
-use etcd_steward::sidecar::health::LocalObservation;
 use etcd_steward::sidecar::http::metrics::{encode, Format};
-use etcd_steward::sidecar::observe::{JournalView, Observation};
+use etcd_steward::sidecar::observe::Observation;
 use etcd_steward::sidecar::plan::backup::{Backup, RoundEnd, ROUND_EVERY};
 use etcd_steward::sidecar::plan::{planners, Outcome, Planner, Step};
 
@@ -27,11 +26,10 @@ const LEADER: u64 = 0xa0;
 /// What member `me` sees, member `leader` leading (0: no leader).
 fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
     Observation {
-        now: Instant::now(),
-        local: LocalObservation {
-            serializable: Ok(()),
-            peer_api: None,
-            status: Ok(MemberStatus {
+        backup_rounds: rounds,
+        ..Observation::serving(
+            Instant::now(),
+            MemberStatus {
                 member_id: me,
                 cluster_id: 9,
                 leader,
@@ -40,20 +38,8 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
                 is_learner: false,
                 errors: vec![],
                 ..Default::default()
-            }),
-            linearizable: Some(Ok(())),
-            leader_index: None,
-        },
-        members: None,
-        own_peer_url: String::new(),
-        learners: Vec::new(),
-        joining: None,
-        cluster_members: None,
-        journal: JournalView::default(),
-        previous: Vec::new(),
-        backup_rounds: rounds,
-        peers: Vec::new(),
-        scale_in: Default::default(),
+            },
+        )
     }
 }
 

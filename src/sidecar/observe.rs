@@ -65,6 +65,32 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// A member that answers with `status` and serves reads, seen at `now`, and nothing else
+    /// seen yet (no member list, no learners, nothing from init's journal): where a planner's
+    /// scenario starts, setting the fields it is about.
+    pub fn serving(now: Instant, status: MemberStatus) -> Observation {
+        Observation {
+            now,
+            local: LocalObservation {
+                serializable: Ok(()),
+                peer_api: None,
+                status: Ok(status),
+                linearizable: Some(Ok(())),
+                leader_index: None,
+            },
+            members: None,
+            own_peer_url: String::new(),
+            learners: Vec::new(),
+            joining: None,
+            cluster_members: None,
+            journal: JournalView::default(),
+            previous: Vec::new(),
+            backup_rounds: Vec::new(),
+            peers: Vec::new(),
+            scale_in: Default::default(),
+        }
+    }
+
     /// The cluster's word for this member, when this tick has it: the local member is a
     /// voter that sees a leader and served a quorum read, and its member list holds it at
     /// this pod's peer URL. `now` is the unix time to stamp it with.

@@ -175,16 +175,14 @@ mod tests {
 mod planner_tests {
     use super::*;
     use crate::etcd::MemberStatus;
-    use crate::sidecar::health::LocalObservation;
-    use crate::sidecar::observe::{JournalView, Observation};
+    use crate::sidecar::observe::Observation;
 
     fn seen(now: Instant, leader: u64) -> Observation {
         Observation {
-            now,
-            local: LocalObservation {
-                serializable: Ok(()),
-                peer_api: None,
-                status: Ok(MemberStatus {
+            learners: vec![(7, None)],
+            ..Observation::serving(
+                now,
+                MemberStatus {
                     member_id: 1,
                     cluster_id: 9,
                     leader,
@@ -193,20 +191,8 @@ mod planner_tests {
                     is_learner: false,
                     errors: vec![],
                     ..Default::default()
-                }),
-                linearizable: Some(Ok(())),
-                leader_index: None,
-            },
-            members: None,
-            own_peer_url: String::new(),
-            learners: vec![(7, None)],
-            joining: None,
-            cluster_members: None,
-            journal: JournalView::default(),
-            previous: Vec::new(),
-            backup_rounds: Vec::new(),
-            peers: Vec::new(),
-            scale_in: Default::default(),
+                },
+            )
         }
     }
 

@@ -57,8 +57,7 @@ mod tests {
     use super::*;
     use crate::etcd::MemberStatus;
     use crate::facts::MemberInfo;
-    use crate::sidecar::health::LocalObservation;
-    use crate::sidecar::observe::{JournalView, Observation};
+    use crate::sidecar::observe::Observation;
 
     const NEW: &str = "https://etcd-1.etcd.default.svc.cluster.local:2380";
 
@@ -71,28 +70,16 @@ mod tests {
             is_learner: false,
         };
         Observation {
-            now,
-            local: LocalObservation {
-                serializable: Ok(()),
-                peer_api: None,
-                status: Ok(MemberStatus {
+            members: Some(vec![member(1, listed_at), member(2, "http://other:2380")]),
+            own_peer_url: NEW.into(),
+            ..Observation::serving(
+                now,
+                MemberStatus {
                     member_id: 1,
                     leader,
                     ..Default::default()
-                }),
-                linearizable: Some(Ok(())),
-                leader_index: None,
-            },
-            members: Some(vec![member(1, listed_at), member(2, "http://other:2380")]),
-            own_peer_url: NEW.into(),
-            learners: vec![],
-            joining: None,
-            cluster_members: None,
-            journal: JournalView::default(),
-            previous: Vec::new(),
-            backup_rounds: Vec::new(),
-            peers: Vec::new(),
-            scale_in: Default::default(),
+                },
+            )
         }
     }
 

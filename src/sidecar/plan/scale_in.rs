@@ -294,8 +294,6 @@ impl Planner for ScaleIn {
 mod tests {
     use super::*;
     use crate::facts::{MemberInfo, MemberStatus};
-    use crate::sidecar::health::LocalObservation;
-    use crate::sidecar::observe::JournalView;
 
     const MAX_AGE: Duration = Duration::from_secs(30);
 
@@ -330,20 +328,6 @@ mod tests {
         let now = Instant::now();
         let members: Vec<MemberInfo> = (0..n).map(|o| member(o, false)).collect();
         Observation {
-            now,
-            local: LocalObservation {
-                serializable: Ok(()),
-                peer_api: None,
-                status: Ok(MemberStatus {
-                    member_id: 100 + u64::from(leader),
-                    leader: 100 + u64::from(leader),
-                    ..MemberStatus::default()
-                }),
-                linearizable: Some(Ok(())),
-                leader_index: None,
-            },
-            cluster_members: None,
-            peers: Vec::new(),
             scale_in: ScaleInSeen {
                 voters_answering: Some(members.iter().map(|m| m.id).collect()),
                 workload: Some(WorkloadSeen {
@@ -356,11 +340,14 @@ mod tests {
             },
             members: Some(members),
             own_peer_url: identity().peer_url(leader),
-            learners: Vec::new(),
-            joining: None,
-            journal: JournalView::default(),
-            previous: Vec::new(),
-            backup_rounds: Vec::new(),
+            ..Observation::serving(
+                now,
+                MemberStatus {
+                    member_id: 100 + u64::from(leader),
+                    leader: 100 + u64::from(leader),
+                    ..MemberStatus::default()
+                },
+            )
         }
     }
 
