@@ -14,6 +14,7 @@ use harness::Etcd;
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 const VALUE: usize = 256 << 10;
+const QUOTA: &str = "16777216";
 
 /// Polls `check` every 200 ms for up to WAIT.
 async fn until<F, Fut>(set: &Set, what: &str, mut check: F)
@@ -154,31 +155,11 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
 }
 
 async fn nospace_is_defragmented_and_disarmed_once_keys_are_deleted(etcd: Etcd) {
-    const QUOTA: &str = "16777216";
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     // Fragmentation alone does not trigger: only the space alarm does.
-    set.extra_args = vec![
-        "--defrag-threshold=0".into(),
-        format!("--quota-backend-bytes={QUOTA}"),
-    ];
-    set.publish(&[0, 1, 2]).await.unwrap();
-    for o in 0..3 {
-        set.start_sidecar(o).unwrap();
-        set.start_init_with(o, &[&format!("--quota-backend-bytes={QUOTA}")])
-            .unwrap();
-    }
-    set.wait_up(WAIT).await.unwrap();
+    let mut set = with_quota(etcd, &["--defrag-threshold=0"]).await;
     let mut c = set.any_client().await.unwrap();
     pad(&mut c).await;
-    let mut refused = None;
-    for i in 0..200 {
-        if let Err(e) = c.put(format!("fill/{i:03}"), vec![b'x'; VALUE], None).await {
-            refused = Some(e.to_string());
-            break;
-        }
-    }
-    let refused = refused.expect("the quota refuses writes");
-    assert!(refused.contains("space"), "{refused}");
+    fill_until_nospace(&mut c).await;
     until(&set, "/ready says NOSPACE", || async {
         set.http(0, "/ready")
             .await
@@ -210,25 +191,9 @@ async fn nospace_is_defragmented_and_disarmed_once_keys_are_deleted(etcd: Etcd) 
 }
 
 async fn nospace_with_data_too_large_stays_and_says_why(etcd: Etcd) {
-    const QUOTA: &str = "16777216";
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    set.extra_args = vec![format!("--quota-backend-bytes={QUOTA}")];
-    set.publish(&[0, 1, 2]).await.unwrap();
-    for o in 0..3 {
-        set.start_sidecar(o).unwrap();
-        set.start_init_with(o, &[&format!("--quota-backend-bytes={QUOTA}")])
-            .unwrap();
-    }
-    set.wait_up(WAIT).await.unwrap();
+    let mut set = with_quota(etcd, &[]).await;
     let mut c = set.any_client().await.unwrap();
-    for i in 0..200 {
-        if c.put(format!("fill/{i:03}"), vec![b'x'; VALUE], None)
-            .await
-            .is_err()
-        {
-            break;
-        }
-    }
+    fill_until_nospace(&mut c).await;
     let leader = set.leader().await.unwrap();
     until(
         &set,
@@ -239,8 +204,38 @@ async fn nospace_with_data_too_large_stays_and_says_why(etcd: Etcd) {
         },
     )
     .await;
+    // Several ticks later still: nothing was disarmed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(c.put("after", "no", None).await.is_err(), "the alarm stays");
     set.shutdown().await;
+}
+
+/// Three pods whose etcd and sidecars have a 16 MiB quota, and `extra` sidecar options.
+async fn with_quota(etcd: Etcd, extra: &[&str]) -> Set {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = extra.iter().map(|a| a.to_string()).collect();
+    set.extra_args
+        .push(format!("--quota-backend-bytes={QUOTA}"));
+    set.publish(&[0, 1, 2]).await.unwrap();
+    for o in 0..3 {
+        set.start_sidecar(o).unwrap();
+        set.start_init_with(o, &[&format!("--quota-backend-bytes={QUOTA}")])
+            .unwrap();
+    }
+    set.wait_up(WAIT).await.unwrap();
+    set
+}
+
+/// Writes big values until etcd refuses one for lack of space.
+async fn fill_until_nospace(c: &mut Client) {
+    for i in 0..200 {
+        if let Err(e) = c.put(format!("fill/{i:03}"), vec![b'x'; VALUE], None).await {
+            let refused = e.to_string();
+            assert!(refused.contains("space"), "{refused}");
+            return;
+        }
+    }
+    panic!("the quota never refused a write");
 }
 
 macro_rules! per_version {
