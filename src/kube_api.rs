@@ -94,12 +94,14 @@ pub async fn workload_state<W: Workload>(w: &W, set: &str) -> Result<WorkloadSta
 
 #[derive(Deserialize)]
 struct StatefulSet {
+    metadata: Metadata,
     spec: StatefulSetSpec,
 }
 
 #[derive(Deserialize)]
 struct StatefulSetSpec {
-    /// Kubernetes defaults an absent `replicas` to 1.
+    /// The API server answers with defaults applied, so `replicas` is always there; an
+    /// answer without it says nothing about the desired size (never taken as 1).
     replicas: Option<u32>,
 }
 
@@ -298,6 +300,23 @@ fn client_config(ca_file: &std::path::Path) -> Result<Arc<ClientConfig>, KubeErr
     Ok(Arc::new(config))
 }
 
+/// `spec.replicas` of the StatefulSet named `name`; anything else is no answer.
+fn stated_replicas(path: &str, name: &str, set: StatefulSet) -> Result<u32, KubeError> {
+    let malformed = |detail: String| KubeError::Malformed {
+        path: path.to_string(),
+        detail,
+    };
+    if set.metadata.name != name {
+        return Err(malformed(format!(
+            "it describes StatefulSet {:?}, not {name:?}",
+            set.metadata.name
+        )));
+    }
+    set.spec
+        .replicas
+        .ok_or_else(|| malformed("spec.replicas is missing".into()))
+}
+
 fn parse<T: for<'a> Deserialize<'a>>(path: &str, body: &[u8]) -> Result<T, KubeError> {
     serde_json::from_slice(body).map_err(|e| KubeError::Malformed {
         path: path.to_string(),
@@ -312,7 +331,7 @@ impl Workload for ApiWorkload {
             self.access.namespace, self.access.statefulset
         );
         let set: StatefulSet = parse(&path, &self.get(&path).await?)?;
-        Ok(set.spec.replicas.unwrap_or(1))
+        stated_replicas(&path, &self.access.statefulset, set)
     }
 
     async fn pods(&self) -> Result<Vec<String>, KubeError> {
@@ -396,6 +415,26 @@ mod tests {
         let list = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"etcd-0","namespace":"default"},"spec":{},"status":{"phase":"Running"}}]}"#;
         let l: PodList = parse("/y", list.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(l.items[0].metadata.name, "etcd-0");
+    }
+
+    #[test]
+    fn a_statefulset_answer_without_replicas_or_for_another_set_states_no_size() {
+        let answer = |json: &str| {
+            let s: StatefulSet = parse("/x", json.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+            stated_replicas("/x", "etcd", s)
+        };
+        assert!(matches!(
+            answer(r#"{"metadata":{"name":"etcd"},"spec":{"replicas":3}}"#),
+            Ok(3)
+        ));
+        assert!(matches!(
+            answer(r#"{"metadata":{"name":"etcd"},"spec":{}}"#),
+            Err(KubeError::Malformed { detail, .. }) if detail.contains("replicas")
+        ));
+        assert!(matches!(
+            answer(r#"{"metadata":{"name":"web"},"spec":{"replicas":1}}"#),
+            Err(KubeError::Malformed { detail, .. }) if detail.contains("web")
+        ));
     }
 
     #[test]

@@ -64,8 +64,9 @@ pub enum Left {
 }
 
 /// Pure: whether a pod of `ordinal` is being scaled away when the set wants `replicas`.
+/// `replicas: 0` stops the whole set (maintenance) rather than shrinking it: no pod leaves.
 pub fn scaled_in(ordinal: u32, replicas: u32) -> bool {
-    ordinal >= replicas
+    replicas > 0 && ordinal >= replicas
 }
 
 /// `leave [--yes]`, or with `if_scaled_in` the preStop hook (see the module).
@@ -277,7 +278,10 @@ mod tests {
             !scaled_in(2, 3),
             "a restarted or rescheduled pod keeps its member"
         );
-        assert!(scaled_in(0, 0));
+        assert!(
+            !scaled_in(0, 0) && !scaled_in(2, 0),
+            "replicas 0 stops the set, it does not shrink it"
+        );
     }
 
     #[test]

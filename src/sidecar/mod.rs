@@ -317,7 +317,11 @@ where
         .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
     if let (Some(interval), Some(access)) = (cfg.scale_in, &cfg.kube) {
-        if let Ok(api) = crate::kube_api::ApiWorkload::new(access) {
+        let api = crate::kube_api::ApiWorkload::new(access);
+        if let Err(e) = &api {
+            tracing::error!(error = %e, "scale-in is off: the Kubernetes API client cannot be set up; members are removed only by hand");
+        }
+        if let Ok(api) = api {
             let (tx, rx) = watch::channel(None);
             tokio::spawn(scale_in::watch_workload(
                 api,

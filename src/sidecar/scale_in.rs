@@ -76,7 +76,7 @@ pub async fn answering_voters<D: Dns, C: Connector>(
             }
         })
         .await;
-        if matches!(answered, Ok(Some(s)) if s.leader != 0) {
+        if matches!(answered, Ok(Some(s)) if s.member_id == m.id && s.leader != 0) {
             answering.insert(m.id);
         }
     }

@@ -137,6 +137,10 @@ pub fn decide(
         Some(w) if seen.now.saturating_duration_since(w.at) <= max_age => &w.state,
         _ => return Err(Hold::NoWorkload),
     };
+    // `replicas: 0` stops the whole set (maintenance); it does not shrink the cluster.
+    if state.replicas == 0 {
+        return Err(Hold::Nothing);
+    }
     let members = seen.members.as_deref().ok_or(Hold::Nothing)?;
     let doomed = doomed(identity, state, members);
     let (member, ordinal) = doomed
@@ -392,6 +396,12 @@ mod tests {
     #[test]
     fn pods_gone_but_replicas_unchanged_is_a_restart_not_a_scale_in() {
         assert_eq!(run(&seen(5, 0, 5, &[0, 1, 2]), 3), Err(Hold::Nothing));
+    }
+
+    #[test]
+    fn replicas_zero_stops_the_set_and_removes_nobody() {
+        // Pod 0 (the leader) still terminating, the others gone: a stop, not a shrink.
+        assert_eq!(run(&seen(5, 0, 0, &[0]), 3), Err(Hold::Nothing));
     }
 
     #[test]
