@@ -658,14 +658,6 @@ impl KubeArgs {
                 "--statefulset-name {statefulset:?} must be a DNS label"
             ));
         }
-        // The planner finds members' ordinals by this pod's name and pods by the set's:
-        // a StatefulSet names its pods <set>-<ordinal>, so the two must agree, or running
-        // pods would look gone.
-        if self.scale_in && statefulset != set_name {
-            problems.push(format!(
-                "--statefulset-name {statefulset:?} must be the set this pod belongs to ({set_name:?}, from the pod name) with --scale-in"
-            ));
-        }
         let url = match (&self.kube_api_url, &self.service_host) {
             (Some(u), _) if !u.is_empty() => Some(u.clone()),
             (_, Some(host)) if !host.is_empty() => {

@@ -317,7 +317,16 @@ where
         .map(|after| (after, dns.clone(), connector.clone()));
     let mut sidecar = Sidecar::new(&cfg, dns, connector, probe, &mut registry);
     if let (Some(interval), Some(access)) = (cfg.scale_in, &cfg.kube) {
-        let api = crate::kube_api::ApiWorkload::new(access);
+        // The planner finds members' ordinals by this pod's name and pods by the set's: a
+        // StatefulSet names its pods <set>-<ordinal>, so another name would make running
+        // pods look gone.
+        let api = match access.statefulset == cfg.identity.set_name {
+            true => crate::kube_api::ApiWorkload::new(access),
+            false => Err(crate::kube_api::KubeError::Setup(format!(
+                "--statefulset-name {:?} is not the set this pod belongs to ({:?})",
+                access.statefulset, cfg.identity.set_name
+            ))),
+        };
         if let Err(e) = &api {
             tracing::error!(error = %e, "scale-in is off: the Kubernetes API client cannot be set up; members are removed only by hand");
         }
