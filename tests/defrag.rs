@@ -206,7 +206,10 @@ async fn nospace_with_data_too_large_stays_and_says_why(etcd: Etcd) {
     .await;
     // Several ticks later still: nothing was disarmed.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(c.put("after", "no", None).await.is_err(), "the alarm stays");
+    match c.put("after", "no", None).await {
+        Err(e) => assert!(e.to_string().contains("space"), "the alarm stays: {e}"),
+        Ok(_) => panic!("the alarm was disarmed with the data still too large"),
+    }
     set.shutdown().await;
 }
 

@@ -25,7 +25,9 @@ use crate::sidecar::observe::Observation;
 /// The lock key every sidecar takes before it defragments its member.
 pub const LOCK_KEY: &str = "/etcd-steward/defrag";
 /// The lock's lease: released (revoked) right after; expires on its own if the sidecar dies.
-pub const LOCK_TTL_SECS: i64 = 60;
+/// Longer than the longest defragmentation the sidecar waits for
+/// ([`crate::etcd::DEFRAG_TIMEOUT`]), so a slow one never lets a second member start.
+pub const LOCK_TTL_SECS: i64 = crate::etcd::DEFRAG_TIMEOUT.as_secs() as i64 + 60;
 /// After a defragmentation (or a failed one) of this member, the next waits this long.
 pub const COOL_DOWN: Duration = Duration::from_secs(60);
 /// The same under NOSPACE, where writes wait on every member.
@@ -420,12 +422,14 @@ impl Defrag {
         }
     }
 
-    /// This tick's input, or `None` when the local member is not a voter that answers.
+    /// This tick's input, or `None` when the local member is not a voter that answers, or
+    /// this tick has no member list (without it the other members are unknown, not absent).
     pub fn input(&mut self, seen: &Observation) -> Option<Input> {
         let me = seen.local.status.as_ref().ok()?;
         if me.is_learner {
             return None;
         }
+        let listed = seen.members.as_deref()?;
         let started = *self.started.get_or_insert(seen.now);
         let since = |t: Option<Instant>| seen.now.saturating_duration_since(t.unwrap_or(started));
         let sizes = |s: &MemberStatus| {
@@ -438,12 +442,7 @@ impl Defrag {
             id: me.member_id,
             sizes: sizes(me),
         }];
-        for m in seen
-            .members
-            .iter()
-            .flatten()
-            .filter(|m| m.id != me.member_id)
-        {
+        for m in listed.iter().filter(|m| m.id != me.member_id) {
             let status = seen.peers.iter().find(|s| s.member_id == m.id);
             members.push(MemberView {
                 id: m.id,
@@ -565,6 +564,32 @@ mod tests {
             schedule: None,
             quota: 2048 * MIB,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_member_list_the_other_members_are_unknown_and_nothing_is_decided() {
+        let mut planner = Defrag::new(policy(), &mut Registry::default());
+        let me = MemberStatus {
+            member_id: LEADER,
+            leader: LEADER,
+            db_size: (1024 * MIB) as i64,
+            db_size_in_use: (10 * MIB) as i64,
+            errors: vec!["memberID:3 alarm:NOSPACE".into()],
+            ..Default::default()
+        };
+        let mut seen = Observation::serving(Instant::now(), me);
+        assert!(
+            planner.input(&seen).is_none(),
+            "alone in its own eyes, it would defragment and disarm on its own sizes"
+        );
+        seen.members = Some(vec![crate::facts::MemberInfo {
+            id: LEADER,
+            name: "etcd-2".into(),
+            peer_urls: vec![],
+            client_urls: vec![],
+            is_learner: false,
+        }]);
+        assert!(planner.input(&seen).is_some());
     }
 
     /// Three members, 1 and 2 followers, 3 the leader; each (db_size, in_use) in MiB.
