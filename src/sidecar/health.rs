@@ -119,7 +119,7 @@ pub fn assess(o: &LocalObservation) -> Health {
             false,
             format!("member {:x} sees no leader (no quorum)", s.member_id),
         ),
-        (Ok(s), _) if s.errors.iter().any(|e| e.contains("NOSPACE")) => check(
+        (Ok(s), _) if super::plan::defrag::nospace(s) => check(
             false,
             format!(
                 "NOSPACE: the database reached etcd's --quota-backend-bytes and etcd refuses writes until the alarm is disarmed; the sidecars defragment and disarm it when that frees enough, else the log says what to do (alarm active: {})",

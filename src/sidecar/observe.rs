@@ -301,7 +301,9 @@ pub async fn peer_statuses<D: Dns, C: Connector>(
     members: Option<&[MemberInfo]>,
 ) -> Vec<MemberStatus> {
     let mut out = Vec::new();
-    for m in members.unwrap_or_default().iter().filter(|m| m.id != me) {
+    // Learners are not asked: their sizes do not count, and the leader asked them already.
+    let voters = members.unwrap_or_default().iter();
+    for m in voters.filter(|m| m.id != me && !m.is_learner) {
         let ask = member_status(conn, m.id, Some(std::slice::from_ref(m)));
         if let Ok(Some(s)) = tokio::time::timeout(PEER_API_TIMEOUT, ask).await {
             out.push(s);
