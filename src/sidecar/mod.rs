@@ -221,8 +221,9 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             seen.scale_in.workload = rx.borrow().clone();
             let ask = plan::scale_in::voters_to_ask(identity, *initial, *interval, &seen);
             if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
-                seen.scale_in.voters_answering =
-                    Some(scale_in::answering_voters(&mut self.conn, &members, &ids).await);
+                seen.scale_in.voters_answering = Some(
+                    scale_in::answering_voters(&mut self.conn, &members, &ids, &seen.peers).await,
+                );
             }
         }
         let mut health = assess(&seen.local);

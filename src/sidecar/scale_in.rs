@@ -12,11 +12,9 @@ use tokio::time::Instant;
 use super::conn::Connections;
 use super::plan::scale_in::WorkloadSeen;
 use crate::dns::Dns;
-use crate::etcd::{Connector, Etcd, MemberInfo};
+use crate::etcd::{Connector, MemberInfo};
+use crate::facts::MemberStatus;
 use crate::kube_api::{workload_state, Workload};
-
-/// How long one voter may take to answer the probe.
-const VOTER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Asks the API every `interval` until `stop`; publishes each answer. A failure keeps the
 /// last answer, which ages out in the planner: an API that stops answering removes nothing.
@@ -58,27 +56,29 @@ pub async fn watch_workload<W: Workload>(
     }
 }
 
-/// The voters among `ids` that answer with a leader, asked through their client URLs.
+/// The voters among `ids` that answer with a leader: from `known`, the peers' statuses this
+/// tick already holds (the defragmentation planner asks them), else asked now, only those.
 pub async fn answering_voters<D: Dns, C: Connector>(
     conn: &mut Connections<D, C>,
     members: &[MemberInfo],
     ids: &[u64],
+    known: &[MemberStatus],
 ) -> BTreeSet<u64> {
-    let mut answering = BTreeSet::new();
-    for m in members.iter().filter(|m| ids.contains(&m.id)) {
-        let Some(url) = m.client_urls.first() else {
-            continue;
-        };
-        let answered = tokio::time::timeout(VOTER_TIMEOUT, async {
-            match conn.remote(url).await {
-                Some(peer) => peer.status().await.ok(),
-                None => None,
-            }
-        })
-        .await;
-        if matches!(answered, Ok(Some(s)) if s.member_id == m.id && s.leader != 0) {
-            answering.insert(m.id);
-        }
-    }
-    answering
+    let fresh;
+    let statuses = if known.is_empty() {
+        let asked: Vec<MemberInfo> = members
+            .iter()
+            .filter(|m| ids.contains(&m.id))
+            .cloned()
+            .collect();
+        fresh = crate::sidecar::observe::peer_statuses(conn, 0, Some(&asked)).await;
+        &fresh
+    } else {
+        known
+    };
+    statuses
+        .iter()
+        .filter(|s| ids.contains(&s.member_id) && s.leader != 0)
+        .map(|s| s.member_id)
+        .collect()
 }
