@@ -137,6 +137,11 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
             Some(0.0),
             "{text}"
         );
+        let took = metric(&text, "etcd_steward_defrag_last_duration_seconds");
+        assert!(
+            took.is_some_and(|s| s > 0.0 && s < 60.0),
+            "the last defragmentation's duration: {took:?}\n{text}"
+        );
     }
     let leader_at = defragmented_at(&set, leader).unwrap();
     // On a loaded machine an election may move the leadership meanwhile; the order is then

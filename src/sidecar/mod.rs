@@ -73,7 +73,6 @@ pub struct Sidecar<D, C: Connector, P> {
     init_metrics: InitMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
-    defrag: plan::defrag::DefragPolicy,
     /// With `--scale-in`: the API's answers, and (identity, initial size, interval).
     pub scale_in: Option<(
         watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
@@ -183,7 +182,6 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
             recovery: None,
-            defrag: cfg.defrag,
             scale_in: None,
         }
     }
@@ -213,7 +211,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             .as_mut()
             .map(BackupRounds::ended)
             .unwrap_or_default();
-        if plan::defrag::wants_peers(&self.defrag, &seen) {
+        if self.planners.iter().any(|p| p.wants_peers(&seen)) {
             let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
             seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
         }

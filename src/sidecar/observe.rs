@@ -30,8 +30,11 @@ const PEER_API_TIMEOUT: Duration = Duration::from_millis(800);
 /// What one tick saw. Plain data: the planners read it and nothing else.
 #[derive(Debug, Clone)]
 pub struct Observation {
-    /// When the observation was taken (the planners' only clock).
+    /// When the observation was taken (the planners' clock for waits and ages).
     pub now: Instant,
+    /// The same moment in unix seconds: what every sidecar shares, so `--defrag-schedule`'s
+    /// periods line up across the cluster.
+    pub unix: u64,
     /// The local member, as the health verdict reads it.
     pub local: LocalObservation,
     /// The member list: the local member's, or for a learner (which may be refused it, or
@@ -71,6 +74,7 @@ impl Observation {
     pub fn serving(now: Instant, status: MemberStatus) -> Observation {
         Observation {
             now,
+            unix: 0,
             local: LocalObservation {
                 serializable: Ok(()),
                 peer_api: None,
@@ -273,6 +277,7 @@ pub async fn observe<D: Dns, C: Connector>(
     };
     Observation {
         now,
+        unix: crate::clock::unix_now(),
         local: LocalObservation {
             serializable,
             peer_api,

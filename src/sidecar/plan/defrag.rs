@@ -11,6 +11,7 @@
 //! except under NOSPACE, where etcd refuses the lease (then the order alone serialises).
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -332,25 +333,32 @@ pub fn decide(policy: &DefragPolicy, i: &Input) -> Decision {
     }
 }
 
-/// Whether this tick must ask the other members' status: only when the local member itself
-/// may need something (the other sidecars look after theirs), so a lean cluster costs
-/// nothing.
-pub fn wants_peers(policy: &DefragPolicy, seen: &Observation) -> bool {
-    let Ok(me) = seen.local.status.as_ref() else {
-        return false;
-    };
-    let (db, in_use) = (
-        u64::try_from(me.db_size).unwrap_or(0),
-        u64::try_from(me.db_size_in_use).unwrap_or(0),
-    );
-    !me.is_learner
-        && me.leader != 0
-        && (nospace(me)
-            || policy.schedule.is_some()
-            || policy.threshold.is_some_and(|t| t.reached(db, in_use)))
+/// Where `--defrag-schedule` puts a member in the wall clock. The schedule's periods are
+/// aligned to unix time (period `p` starts at `p × every`), so every sidecar sees the same
+/// period; each period is cut into one slot per member, in the defragmentation order
+/// (followers by member ID, the leader last). A member is due from the start of its slot
+/// until it has been defragmented in that period: scheduled defragmentations go one after
+/// another, the leader's last, not all at once when the period turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// The period `unix` falls in.
+    pub period: u64,
+    /// Whether `unix` is at or past the start of this member's slot in that period.
+    pub reached: bool,
 }
 
-/// Whether `status` reports the NOSPACE alarm.
+/// The slot of the member at `position` (0-based) of `members` in the order, at `unix`.
+pub fn schedule_slot(every: Duration, unix: u64, position: usize, members: usize) -> Slot {
+    let every = every.as_secs().max(1);
+    let n = u64::try_from(members.max(1)).unwrap_or(u64::MAX);
+    let position = u64::try_from(position).unwrap_or(u64::MAX).min(n - 1);
+    Slot {
+        period: unix / every,
+        reached: unix % every >= every / n * position,
+    }
+}
+
+/// Whether `status` reports the NOSPACE alarm./// Whether `status` reports the NOSPACE alarm.
 pub fn nospace(status: &MemberStatus) -> bool {
     status.errors.iter().any(|e| e.contains("NOSPACE"))
 }
@@ -361,6 +369,12 @@ pub struct Defrag {
     policy: DefragPolicy,
     started: Option<Instant>,
     last: Option<Instant>,
+    /// With `--defrag-schedule`: the last period this member's scheduled defragmentation is
+    /// done for (the period the sidecar started in counts as done: a restarted sidecar does
+    /// not defragment at once).
+    schedule_done: Option<u64>,
+    /// The period a defragmentation decided while the schedule was due stands for.
+    schedule_pending: Option<u64>,
     lock_refused: Option<Instant>,
     /// The file size before the last defragmentation, to measure what it freed.
     before: Option<u64>,
@@ -373,6 +387,7 @@ struct DefragMetrics {
     total: Counter,
     failures: Counter,
     last_freed: Gauge,
+    last_seconds: Gauge<f64, AtomicU64>,
     disarmed: Counter,
     nospace: Gauge,
 }
@@ -383,6 +398,7 @@ impl Defrag {
             total: Counter::default(),
             failures: Counter::default(),
             last_freed: Gauge::default(),
+            last_seconds: Gauge::default(),
             disarmed: Counter::default(),
             nospace: Gauge::default(),
         };
@@ -402,6 +418,11 @@ impl Defrag {
             metrics.last_freed.clone(),
         );
         registry.register(
+            "etcd_steward_defrag_last_duration_seconds",
+            "How long the last defragmentation of this member took (etcd serves nothing meanwhile)",
+            metrics.last_seconds.clone(),
+        );
+        registry.register(
             "etcd_steward_nospace_disarmed",
             "NOSPACE alarms this sidecar disarmed after defragmentation",
             metrics.disarmed.clone(),
@@ -415,11 +436,34 @@ impl Defrag {
             policy,
             started: None,
             last: None,
+            schedule_done: None,
+            schedule_pending: None,
             lock_refused: None,
             before: None,
             logged: None,
             metrics,
         }
+    }
+
+    /// The period this member's `--defrag-schedule` slot is due for, if it is.
+    fn schedule_due(&self, seen: &Observation) -> Option<(u64, bool)> {
+        let every = self.policy.schedule?;
+        let me = seen.local.status.as_ref().ok()?;
+        let mut ids: Vec<u64> = seen
+            .members
+            .as_deref()?
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        if !ids.contains(&me.member_id) {
+            ids.push(me.member_id);
+        }
+        ids.sort_by_key(|id| (*id == me.leader, *id));
+        let position = ids.iter().position(|id| *id == me.member_id)?;
+        let slot = schedule_slot(every, seen.unix, position, ids.len());
+        let due = slot.reached && self.schedule_done.is_some_and(|done| slot.period > done);
+        Some((slot.period, due))
     }
 
     /// This tick's input, or `None` when the local member is not a voter that answers, or
@@ -431,6 +475,11 @@ impl Defrag {
         }
         let listed = seen.members.as_deref()?;
         let started = *self.started.get_or_insert(seen.now);
+        let schedule = self.schedule_due(seen);
+        if let Some((period, _)) = schedule {
+            self.schedule_done.get_or_insert(period);
+        }
+        self.schedule_pending = schedule.filter(|(_, due)| *due).map(|(p, _)| p);
         let since = |t: Option<Instant>| seen.now.saturating_duration_since(t.unwrap_or(started));
         let sizes = |s: &MemberStatus| {
             (!s.is_learner && s.leader != 0).then_some((
@@ -461,7 +510,7 @@ impl Defrag {
             leader: me.leader,
             members,
             nospace,
-            scheduled: self.policy.schedule.is_some_and(|d| since(self.last) >= d),
+            scheduled: self.schedule_pending.is_some(),
             cooling_down: self.last.is_some_and(|_| since(self.last) < cool_down),
             lock_held: self
                 .lock_refused
@@ -525,10 +574,37 @@ impl Planner for Defrag {
         }
     }
 
+    /// Only when the local member itself may need something (the other sidecars look after
+    /// theirs): NOSPACE, its schedule slot due, or its own file fragmented.
+    fn wants_peers(&self, seen: &Observation) -> bool {
+        let Ok(me) = seen.local.status.as_ref() else {
+            return false;
+        };
+        let (db, in_use) = (
+            u64::try_from(me.db_size).unwrap_or(0),
+            u64::try_from(me.db_size_in_use).unwrap_or(0),
+        );
+        !me.is_learner
+            && me.leader != 0
+            && (nospace(me)
+                || self.schedule_due(seen).is_some_and(|(_, due)| due)
+                || self.policy.threshold.is_some_and(|t| t.reached(db, in_use)))
+    }
+
     fn learn(&mut self, outcome: &Outcome) {
         match outcome {
             Outcome::Done(Step::Defrag { .. }) => {
                 self.metrics.total.inc();
+                if let Some(started) = self.last {
+                    self.metrics.last_seconds.set(
+                        Instant::now()
+                            .saturating_duration_since(started)
+                            .as_secs_f64(),
+                    );
+                }
+                if let Some(period) = self.schedule_pending.take() {
+                    self.schedule_done = Some(period);
+                }
             }
             Outcome::NotYet(Step::Defrag { .. }) => {
                 // The lock was held: not a defragmentation, try again after a short wait.
@@ -733,6 +809,141 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn schedule_periods_line_up_on_the_wall_clock_and_the_leader_has_the_last_slot() {
+        let day = Duration::from_secs(86_400);
+        let at = |unix, position| schedule_slot(day, unix, position, 3);
+        // Period 10 starts at 864000 for every sidecar; slots at +0, +8h, +16h.
+        assert_eq!(
+            at(864_000, 0),
+            Slot {
+                period: 10,
+                reached: true
+            }
+        );
+        assert_eq!(
+            at(864_000, 1),
+            Slot {
+                period: 10,
+                reached: false
+            }
+        );
+        assert!(at(864_000 + 8 * 3600, 1).reached);
+        assert!(!at(864_000 + 8 * 3600, 2).reached, "the leader goes last");
+        assert!(at(864_000 + 16 * 3600, 2).reached);
+        assert_eq!(at(864_000 + 86_399, 2).period, 10);
+        assert_eq!(
+            at(864_000 + 86_400, 2),
+            Slot {
+                period: 11,
+                reached: false
+            }
+        );
+        // A position past the list (a member list that shrank) takes the last slot.
+        assert_eq!(at(864_000 + 16 * 3600, 7), at(864_000 + 16 * 3600, 2));
+    }
+
+    /// Member `me` of three (1 and 2 followers, 3 the leader), lean, seen at `unix`.
+    fn scheduled_seen(me: u64, unix: u64) -> Observation {
+        let status = MemberStatus {
+            member_id: me,
+            leader: LEADER,
+            db_size: (300 * MIB) as i64,
+            db_size_in_use: (250 * MIB) as i64,
+            ..Default::default()
+        };
+        let peers = (1..=3)
+            .filter(|id| *id != me)
+            .map(|id| MemberStatus {
+                member_id: id,
+                ..status.clone()
+            })
+            .collect();
+        let members = (1..=3)
+            .map(|id| crate::facts::MemberInfo {
+                id,
+                name: format!("etcd-{}", id - 1),
+                peer_urls: vec![],
+                client_urls: vec![],
+                is_learner: false,
+            })
+            .collect();
+        Observation {
+            unix,
+            members: Some(members),
+            peers,
+            ..Observation::serving(Instant::now(), status)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_schedule_defragments_once_per_period_in_its_slot_not_when_the_sidecar_starts() {
+        let hour = Duration::from_secs(3600);
+        let policy = DefragPolicy {
+            threshold: None,
+            schedule: Some(hour),
+            ..policy()
+        };
+        let mut follower = Defrag::new(policy, &mut Registry::default());
+        let mut leader = Defrag::new(policy, &mut Registry::default());
+        // Started in period 100, past every slot: nothing this period, and no peers asked.
+        let p100 = 100 * 3600 + 3000;
+        for (me, planner) in [(1, &mut follower), (LEADER, &mut leader)] {
+            let seen = scheduled_seen(me, p100);
+            assert!(planner.plan(&seen).is_empty());
+            assert!(!planner.wants_peers(&seen));
+        }
+        // Period 101, first slot: the first follower is due, the leader (last slot) is not.
+        let p101 = 101 * 3600;
+        tokio::time::advance(2 * COOL_DOWN).await;
+        assert!(follower.wants_peers(&scheduled_seen(1, p101)));
+        assert!(!leader.wants_peers(&scheduled_seen(LEADER, p101)));
+        assert!(leader.plan(&scheduled_seen(LEADER, p101)).is_empty());
+        let steps = follower.plan(&scheduled_seen(1, p101));
+        assert_eq!(
+            steps,
+            vec![Step::Defrag {
+                why: DefragWhy::Scheduled,
+                lock: true
+            }]
+        );
+        follower.learn(&Outcome::Done(steps[0].clone()));
+        // Done for period 101: not again this period, however long it waits.
+        tokio::time::advance(2 * COOL_DOWN).await;
+        let later = scheduled_seen(1, p101 + 3000);
+        assert!(!follower.wants_peers(&later));
+        assert!(follower.plan(&later).is_empty());
+        // The leader's slot (the last third of the hour) comes.
+        let leaders_slot = scheduled_seen(LEADER, p101 + 2400);
+        assert!(leader.wants_peers(&leaders_slot));
+        assert!(matches!(
+            leader.plan(&leaders_slot).as_slice(),
+            [Step::Defrag {
+                why: DefragWhy::Scheduled,
+                ..
+            }]
+        ));
+        // Next period, the follower's turn again.
+        assert!(follower.wants_peers(&scheduled_seen(1, 102 * 3600)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_refused_scheduled_defragmentation_stays_due() {
+        let policy = DefragPolicy {
+            threshold: None,
+            schedule: Some(Duration::from_secs(3600)),
+            ..policy()
+        };
+        let mut p = Defrag::new(policy, &mut Registry::default());
+        assert!(p.plan(&scheduled_seen(2, 5 * 3600 + 3500)).is_empty());
+        let due = scheduled_seen(2, 6 * 3600 + 1300);
+        let steps = p.plan(&due);
+        assert_eq!(steps.len(), 1);
+        p.learn(&Outcome::NotYet(steps[0].clone()));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(p.wants_peers(&scheduled_seen(2, 6 * 3600 + 1310)));
+    }
+
     fn nospace_policy() -> DefragPolicy {
         DefragPolicy {
             quota: 16 * MIB,
@@ -828,6 +1039,49 @@ mod tests {
                 if s.iter().any(Option::is_none) {
                     prop_assert!(defrags.is_empty(), "an unhealthy member stops everyone");
                     prop_assert!(!decisions.contains(&Decision::Disarm));
+                }
+            }
+
+            /// With `--defrag-schedule` due on any members at once (each sidecar knows only
+            /// its own slot), the lock is what keeps them one at a time: a scheduled
+            /// defragmentation always takes it, at most one member goes without it, and the
+            /// leader never goes while a follower is fragmented beyond the threshold.
+            #[test]
+            fn scheduled_defragmentations_take_the_lock_and_the_leader_still_goes_last(
+                s in proptest::array::uniform3(sizes()),
+                scheduled in proptest::array::uniform3(any::<bool>()),
+                nospace in any::<bool>(),
+                quota_mib in 8u64..4096,
+            ) {
+                let policy = DefragPolicy { quota: quota_mib * MIB, ..policy() };
+                let decisions: Vec<Decision> = (1..=3u64)
+                    .map(|me| {
+                        let mut i = input(me, s);
+                        i.nospace = nospace;
+                        i.scheduled = scheduled[(me - 1) as usize];
+                        decide(&policy, &i)
+                    })
+                    .collect();
+                let unlocked = decisions
+                    .iter()
+                    .filter(|d| matches!(d, Decision::Defrag { lock: false, .. }))
+                    .count();
+                prop_assert!(unlocked <= 1, "{decisions:?}");
+                for d in &decisions {
+                    if let Decision::Defrag { why: DefragWhy::Scheduled, lock } = d {
+                        prop_assert!(*lock, "{decisions:?}");
+                    }
+                }
+                let follower_fragmented = s[..2].iter().any(|m| {
+                    m.is_some_and(|(db, used)| {
+                        policy.threshold.is_some_and(|t| t.reached(db * MIB, used * MIB))
+                    })
+                });
+                if follower_fragmented && !nospace {
+                    prop_assert!(
+                        !matches!(decisions[2], Decision::Defrag { .. }),
+                        "the leader jumped a fragmented follower: {decisions:?}"
+                    );
                 }
             }
         }

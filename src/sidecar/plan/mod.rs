@@ -94,6 +94,12 @@ pub trait Planner: Send {
     fn learn(&mut self, outcome: &Outcome) {
         let _ = outcome;
     }
+    /// Whether this tick must ask the other voters' status ([`Observation::peers`]) for this
+    /// planner: asked only when some planner needs them, so a quiet cluster costs nothing.
+    fn wants_peers(&self, seen: &Observation) -> bool {
+        let _ = seen;
+        false
+    }
 }
 
 /// Every planner, in the order their steps run. Each registers its own metrics.
