@@ -92,6 +92,20 @@ pub trait Connector: Send + Sync {
         ip: IpAddr,
         port: u16,
     ) -> impl Future<Output = Result<Self::Member, EtcdError>> + Send;
+
+    /// Whether the member at `ip:port` has etcd's authentication on: asked with no
+    /// credentials (a serializable read it refuses, "user name is empty", only when auth is
+    /// on). `None` when it did not say either way. Asked only before an upgrade path etcd
+    /// calls unsafe with auth on (see `init::upgrade`).
+    fn auth_enabled(
+        &self,
+        host: &str,
+        ip: IpAddr,
+        port: u16,
+    ) -> impl Future<Output = Option<bool>> + Send {
+        let _ = (host, ip, port);
+        async { None }
+    }
 }
 
 /// Time-outs for the calls made to etcd.
@@ -141,6 +155,29 @@ pub struct EtcdClientMember {
 
 impl Connector for EtcdClientConnector {
     type Member = EtcdClientMember;
+
+    async fn auth_enabled(&self, host: &str, ip: IpAddr, port: u16) -> Option<bool> {
+        let addr = std::net::SocketAddr::new(ip, port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{host}:{port}");
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.timeouts.connect)
+            .with_timeout(self.timeouts.request);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.etcd_client_tls(host));
+        }
+        let mut client = Client::connect([format!("{scheme}://{addr}")], Some(options))
+            .await
+            .ok()?;
+        let read = GetOptions::new().with_serializable().with_keys_only();
+        match client.get("/etcd-steward/auth-probe", Some(read)).await {
+            Ok(_) => Some(false),
+            Err(e) => match classify(&endpoint, e) {
+                EtcdError::Unauthorized { .. } => Some(true),
+                _ => None,
+            },
+        }
+    }
 
     async fn connect(
         &self,

@@ -408,6 +408,9 @@ pub struct VersionFacts {
     pub binary: Option<EtcdVersion>,
     /// The peers whose etcd answered this round.
     pub peers: Vec<PeerVersion>,
+    /// Whether a peer still on etcd 3.4 has authentication on, asked (without credentials)
+    /// only when this binary is 3.5 or newer; `None` when not asked or it did not say.
+    pub auth_on_3_4: Option<bool>,
 }
 
 #[derive(Debug, Clone)]

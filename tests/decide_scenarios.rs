@@ -2138,6 +2138,7 @@ fn versions(
                 cluster,
             })
             .collect(),
+        auth_on_3_4: None,
     }
 }
 
@@ -2217,6 +2218,7 @@ fn a_restart_with_data_is_not_held_by_silent_peers_or_an_unknown_binary() {
         versions: VersionFacts {
             binary: Some(release(3, 4, 23)),
             peers: vec![],
+            auth_on_3_4: None,
         },
         ..facts()
     };

@@ -171,3 +171,49 @@ async fn a_3_4_binary_in_a_3_5_cluster_waits_with_its_reason() {
     assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 30);
     set.shutdown().await;
 }
+
+/// etcd's upgrade notes call 3.4 → 3.5 with authentication on unsafe (a mixed cluster checks
+/// requests against each member's own auth revision). A pod restarted on 3.5.30 beside 3.4
+/// members with auth on waits and says why; once the operator disables auth it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3_5_binary_beside_3_4_members_with_auth_on_waits_until_auth_is_disabled() {
+    let mut set = Set::new(STEWARD, Etcd::V3_4, 3).await.unwrap();
+    set.start_all(WAIT).await.unwrap();
+    set.put_keys("k", 30).await.unwrap();
+    let mut c = set.client(0).await.unwrap();
+    c.user_add("root", "s3cret", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.auth_enable().await.unwrap();
+    let password = set.root().join("password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    set.extra_args = vec![
+        "--auth-username=root".into(),
+        format!("--auth-password-file={}", password.display()),
+    ];
+
+    set.kill(2).await.unwrap();
+    set.set_pod_etcd(2, Etcd::V3_5Current);
+    set.start(2).unwrap();
+    until(&mut set, "pod 2 says why it waits", |s| {
+        let said = s
+            .logs(2)
+            .contains("runs etcd 3.4.23 with authentication on");
+        async move { said }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(set.init_running(2), "init still waits\n{}", set.dump());
+    assert!(set.status(2).await.is_err(), "no etcd serves on pod 2");
+
+    // The operator's step: auth off (as root), then the upgrade goes on by itself.
+    let opts = set
+        .client_options(Duration::from_secs(2))
+        .with_user("root", "s3cret");
+    let mut root = etcd_client::Client::connect([set.client_url(0)], Some(opts))
+        .await
+        .unwrap();
+    root.auth_disable().await.unwrap();
+    back_on(&mut set, 2, "3.5.30").await;
+    assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 30);
+    set.shutdown().await;
+}

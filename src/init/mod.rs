@@ -97,6 +97,7 @@ where
             binary = task.await.unwrap_or(None);
         }
         facts.versions.binary = binary;
+        facts.versions.auth_on_3_4 = observe::auth_on_3_4(&connector, &cfg.identity, &facts).await;
         let d = decide(&facts);
         explain::log(&facts, &d, round);
         if init.dry_run {

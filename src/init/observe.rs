@@ -122,6 +122,40 @@ impl PeerReports for HttpReports {
     }
 }
 
+/// Whether a peer that still runs etcd 3.4 has authentication on: asked only when this pod
+/// would start etcd 3.5 or newer beside it (the one upgrade path etcd calls unsafe with auth
+/// on, see [`upgrade`]), of the first such peer whose name resolved.
+pub async fn auth_on_3_4<C: Connector>(
+    connector: &C,
+    id: &crate::identity::Identity,
+    f: &Facts,
+) -> Option<bool> {
+    let binary = f.versions.binary?;
+    if (binary.major, binary.minor) < (3, 5) {
+        return None;
+    }
+    for v in f
+        .versions
+        .peers
+        .iter()
+        .filter(|v| (v.server.major, v.server.minor) == (3, 4))
+    {
+        let Some(p) = f.peers.iter().find(|p| p.name == v.name) else {
+            continue;
+        };
+        let Some(ip) = p.dns.first() else {
+            continue;
+        };
+        if let Some(on) = connector
+            .auth_enabled(&id.host(p.ordinal), ip, id.client_port)
+            .await
+        {
+            return Some(on);
+        }
+    }
+    None
+}
+
 /// `etcd --version` of the binary this pod starts; `None` (logged) when it cannot be read,
 /// which holds no start (see [`upgrade`]).
 pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdVersion> {

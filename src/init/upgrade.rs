@@ -34,6 +34,12 @@ pub enum Hold {
         server: EtcdVersion,
         peer: String,
     },
+    /// etcd 3.5 or newer beside a 3.4 peer while etcd's authentication is on.
+    AuthOn3_4 {
+        binary: EtcdVersion,
+        server: EtcdVersion,
+        peer: String,
+    },
     /// etcd 3.6 or newer while a peer runs a release older than 3.5.20.
     Before3_5_20 {
         binary: EtcdVersion,
@@ -51,6 +57,7 @@ impl std::fmt::Display for Hold {
         match self {
             Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see README, Upgrades)", minor(cluster), minor(cluster)),
             Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", server.major, server.minor + 1),
+            Hold::AuthOn3_4 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server} with authentication on, and a mixed 3.4/3.5 cluster with auth on can refuse requests and diverge (etcd-io/etcd#13976); disable auth (etcdctl auth disable), upgrade every member, then enable it again (see README, Upgrades)"),
             Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see README, Upgrades)"),
         }
     }
@@ -108,6 +115,15 @@ pub fn hold(v: &VersionFacts) -> Option<Hold> {
             });
         }
     }
+    if key(&binary) >= (3, 5) && v.auth_on_3_4 == Some(true) {
+        if let Some(p) = v.peers.iter().find(|p| key(&p.server) == (3, 4)) {
+            return Some(Hold::AuthOn3_4 {
+                binary,
+                server: p.server,
+                peer: p.name.clone(),
+            });
+        }
+    }
     if key(&binary) >= (3, 6) {
         if let Some(p) = v.peers.iter().find(|p| p.server < SAFE_FOR_3_6) {
             return Some(Hold::Before3_5_20 {
@@ -159,6 +175,7 @@ mod tests {
                     cluster: cluster.map(v),
                 })
                 .collect(),
+            auth_on_3_4: None,
         }
     }
 
@@ -261,6 +278,40 @@ mod tests {
                 _ => panic!("{binary} with {ps:?}: want {want:?}, got {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_3_5_binary_beside_a_3_4_peer_with_auth_on_waits_and_unknown_auth_holds_nothing() {
+        let mixed = [("3.4.23", Some("3.4.0")), ("3.5.30", Some("3.4.0"))];
+        let with = |auth| VersionFacts {
+            auth_on_3_4: auth,
+            ..peers("3.5.30", &mixed)
+        };
+        let held = hold(&with(Some(true))).map(|h| h.to_string());
+        assert!(
+            held.as_deref().is_some_and(|h| h
+                .contains("etcd-0 runs etcd 3.4.23 with authentication on")
+                && h.contains("etcdctl auth disable")),
+            "{held:?}"
+        );
+        assert_eq!(
+            hold(&with(Some(false))),
+            None,
+            "auth off: the upgrade goes on"
+        );
+        assert_eq!(hold(&with(None)), None, "not known: silence holds nothing");
+        // Once every peer runs 3.5 the path is done, whatever auth says.
+        let done = VersionFacts {
+            auth_on_3_4: Some(true),
+            ..peers("3.5.30", &[("3.5.30", Some("3.5.0"))])
+        };
+        assert_eq!(hold(&done), None);
+        // A 3.4 binary returning mid-upgrade is not this path.
+        let back = VersionFacts {
+            auth_on_3_4: Some(true),
+            ..peers("3.4.23", &mixed)
+        };
+        assert_eq!(hold(&back), None);
     }
 
     #[test]
