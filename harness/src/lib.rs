@@ -15,6 +15,7 @@
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).
 
 pub mod chaos;
+pub mod chaos_docker;
 pub mod client;
 pub mod dns;
 pub mod docker;
