@@ -13,7 +13,9 @@
 //! binary, so it is bind-mounted read-only together with the libraries `ldd` lists.
 //! Scenarios 10 and 11 give the pods a `file://` backup store on a volume of their own
 //! (as manifests/overlays/backup-file does); 11 ends waiting, as the product must when a
-//! majority is lost with a volume surviving, so its checks are its own.
+//! majority is lost with a volume surviving, so its checks are its own. Scenario 14 serves
+//! a fake Kubernetes API (harness/src/fake_kube.rs) on the host at the management network's
+//! gateway, which the pods reach for `--scale-in` and `leave --if-scaled-in`.
 //! A failed scenario prints every container's etcd-steward lines and etcd's last lines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
