@@ -13,7 +13,9 @@
 //! binary, so it is bind-mounted read-only together with the libraries `ldd` lists.
 //! Scenarios 10 and 11 give the pods a `file://` backup store on a volume of their own
 //! (as manifests/overlays/backup-file does); 11 ends waiting, as the product must when a
-//! majority is lost with a volume surviving, so its checks are its own.
+//! majority is lost with a volume surviving, so its checks are its own. Scenario 14 serves
+//! a fake Kubernetes API (harness/src/fake_kube.rs) on the host at the management network's
+//! gateway, which the pods reach for `--scale-in` and `leave --if-scaled-in`.
 //! A failed scenario prints every container's etcd-steward lines and etcd's last lines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,6 +24,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use harness::docker::{self, Cluster};
+use harness::fake_kube::FakeKube;
 use harness::writer::Writer;
 use harness::Etcd;
 use rand::seq::SliceRandom;
@@ -66,6 +69,7 @@ scenario!(s10_every_volume_lost_comes_back_from_the_latest_backup, exclusive: fa
 scenario!(s11_lost_majority_with_a_survivor_is_not_restored, exclusive: false);
 scenario!(s12_lost_majority_recovered_from_the_survivor_with_every_write, exclusive: false);
 scenario!(s13_peer_tls_switched_on_one_pod_at_a_time, exclusive: false);
+scenario!(s14_scale_in_leaves_no_dead_voter, exclusive: false);
 
 mod scenarios {
     use super::*;
@@ -934,5 +938,181 @@ mod scenarios {
             "cluster {old:x} recovered from pod 0's volume: every one of {} acknowledged writes on three voters",
             report.acked
         ));
+    }
+
+    /// The member names as the first of `pods` that answers sees them.
+    async fn member_names(c: &Cluster, pods: &[u32]) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for o in pods {
+                if let Some(ms) = c.members(*o).await {
+                    let mut names: Vec<String> = ms.iter().map(|m| m.name().to_string()).collect();
+                    names.sort();
+                    return names;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "none of pods {pods:?} lists the members"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `etcd_steward_scale_in_removals_total` summed over the sidecars of `pods`.
+    async fn scale_in_removals(c: &Cluster, pods: &[u32]) -> u64 {
+        let mut total = 0;
+        for o in pods {
+            let (code, body) = c
+                .http(*o, "/metrics")
+                .await
+                .unwrap_or_else(|| panic!("pod {o}'s sidecar serves /metrics"));
+            assert_eq!(code, 200, "pod {o}'s /metrics: {body}");
+            total += body
+                .lines()
+                .find_map(|l| l.strip_prefix("etcd_steward_scale_in_removals_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("pod {o}'s /metrics counts scale-in removals:\n{body}"));
+        }
+        total
+    }
+
+    /// 14. Scale-in with the Kubernetes API (a fake one on the host, reached from the pods
+    ///     at the management network's gateway): five pods with `--scale-in`, spec.replicas
+    ///     5 → 3. While the API is silent nothing is removed, not even a dead pod beyond
+    ///     spec.replicas, and the preStop hook does nothing. Pod 3, gone without its hook,
+    ///     is removed by the leader's sidecar once the API answers; pod 4's preStop hook
+    ///     (`leave --if-scaled-in`, by `docker exec`) removes its own member before the
+    ///     pod stops. Three voters remain, ready, with every acknowledged write. A pod
+    ///     merely restarted (gone from the API for a while at spec.replicas 3) keeps its
+    ///     member. Scaled up to 4 on pod 3's retained volume, pod 3 sets the removed
+    ///     member's data aside (renamed, still in the volume) and joins as a new member.
+    ///     No write is refused for longer than an election.
+    pub async fn s14_scale_in_leaves_no_dead_voter() {
+        let mut c = Cluster::new("s14", 5).await;
+        let api = FakeKube::start(
+            std::net::SocketAddr::new(c.gateway().into(), 0),
+            "default",
+            "etcd",
+        )
+        .await
+        .unwrap();
+        api.set(5, &[0, 1, 2, 3, 4]);
+        c.extra_args = vec![
+            "--scale-in".into(),
+            "--scale-in-interval=1s".into(),
+            format!("--kube-api-url=http://{}", api.addr()),
+            "--kube-token-file=/nonexistent/token".into(),
+            "--statefulset-name=etcd".into(),
+        ];
+        c.say(&format!("fake Kubernetes API at {}", api.addr()));
+        let cid = c.form(5, Etcd::V3_5).await;
+        let w = writer_for(&c, &[0, 1, 2]);
+        w.wait_progress(100, PROGRESS, "before scaling in").await;
+        let all: Vec<String> = (0..5).map(|o| format!("etcd-{o}")).collect();
+        let three: Vec<String> = (0..3).map(|o| format!("etcd-{o}")).collect();
+
+        // spec.replicas 3, but the API is silent: pod 3 gone without its hook, pod 4's
+        // hook cannot learn it is scaled away. Nothing is removed.
+        api.set_silent(true);
+        api.set(3, &[0, 1, 2, 4]);
+        let old3 = c.member_id(3).await;
+        assert_ne!(old3, 0);
+        c.kill(3).await;
+        c.remove(3, false).await;
+        let (code, out, err) = c.exec_steward(4, &["leave", "--if-scaled-in"]).await;
+        assert_ne!(code, 0, "a silent API: the hook does nothing\n{out}\n{err}");
+        assert!(err.contains("nothing was done"), "{err}");
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            member_names(&c, &[0, 1, 2]).await,
+            all,
+            "silence removes nothing"
+        );
+        assert_eq!(scale_in_removals(&c, &[0, 1, 2, 4]).await, 0);
+
+        // The API answers: the leader's sidecar removes pod 3 (its pod is gone), not pod 4
+        // (its pod still runs).
+        api.set_silent(false);
+        let deadline = Instant::now() + PROGRESS;
+        loop {
+            let names = member_names(&c, &[0, 1, 2]).await;
+            if !names.contains(&"etcd-3".to_string()) {
+                assert!(names.contains(&"etcd-4".to_string()), "{names:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod 3's member removed by the leader within {PROGRESS:?}: {names:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        c.say("the leader's sidecar removed pod 3's member");
+        assert_eq!(scale_in_removals(&c, &[0, 1, 2, 4]).await, 1);
+
+        // Pod 4's preStop hook removes its own member; the leader would not (its pod is
+        // listed). Then the pod is gone.
+        let (code, out, err) = c.exec_steward(4, &["leave", "--if-scaled-in"]).await;
+        assert_eq!(code, 0, "the preStop hook: {out}\n{err}");
+        assert!(out.contains(r#""state":"left""#), "{out}");
+        assert_eq!(
+            member_names(&c, &[0, 1, 2]).await,
+            three,
+            "pod 4's member removed by its own hook"
+        );
+        c.stop(4).await;
+        c.remove(4, false).await;
+        api.set(3, &[0, 1, 2]);
+        w.wait_progress(50, PROGRESS, "at three").await;
+        c.check(&[0, 1, 2], Some(cid), w.acked()).await;
+
+        // Pod 1 merely restarts: gone from the API for a while at spec.replicas 3.
+        let id1 = c.member_id(1).await;
+        let before = c.decisions(1).await.len();
+        api.set(3, &[0, 2]);
+        c.kill(1).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(
+            member_names(&c, &[0, 2]).await,
+            three,
+            "a restarting pod below spec.replicas keeps its member"
+        );
+        api.set(3, &[0, 1, 2]);
+        c.start(1).await;
+        c.wait_ready(&[0, 1, 2], READY).await;
+        assert_eq!(c.member_id(1).await, id1, "pod 1 kept its member ID");
+        c.assert_restarted_on_its_data(1, before).await;
+
+        // Scale up to 4 on pod 3's retained volume: the removed member's data is set
+        // aside, pod 3 joins as a new member.
+        api.set(4, &[0, 1, 2, 3]);
+        c.create_pod(3, Etcd::V3_5).await;
+        c.wait_ready(&[0, 1, 2, 3], READY).await;
+        let new3 = c.member_id(3).await;
+        assert_ne!(new3, old3, "pod 3 joined as a new member");
+        let d = c.decisions(3).await;
+        let set_aside = d.iter().position(|a| a == "set-aside");
+        let joined = d.iter().rposition(|a| a == "join");
+        assert!(
+            set_aside.is_some() && joined > set_aside,
+            "pod 3 set its data aside, then joined: {d:?}"
+        );
+        let kept = c.volume_paths(3, "set-aside").await;
+        assert!(
+            kept.iter()
+                .any(|p| p.contains("-removed-member/member/wal/") && p.ends_with(".wal")),
+            "the removed member's WAL is in set-aside/…-removed-member/: {kept:?}"
+        );
+
+        w.wait_progress(50, PROGRESS, "at four").await;
+        let report = w.stop().await;
+        c.say(&format!("writer: {report:?}"));
+        assert!(
+            report.max_gap < Duration::from_secs(5),
+            "writes were refused for {:?} (ending {:?} after the writer started)",
+            report.max_gap,
+            report.max_gap_at
+        );
+        c.check(&[0, 1, 2, 3], Some(cid), report.acked).await;
     }
 }

@@ -202,6 +202,9 @@ pub struct Cluster {
     pub replicas: u32,
     /// `--learner-stall-timeout`, when given.
     pub stall_timeout: Option<String>,
+    /// More options for every `etcd-steward` a pod runs (init, sidecar, exec), e.g.
+    /// `--scale-in` and the Kubernetes API's.
+    pub extra_args: Vec<String>,
     /// The backup store's volume, once [`Cluster::enable_backups`] made it.
     backups: Option<String>,
     /// The host directory of the peer certificates, once [`Cluster::enable_peer_tls`]
@@ -245,6 +248,7 @@ impl Cluster {
             run,
             replicas,
             stall_timeout: None,
+            extra_args: Vec::new(),
             backups: None,
             peer_tls: None,
             backup_interval: "1h".to_string(),
@@ -291,6 +295,11 @@ impl Cluster {
     pub fn ip(&self, o: u32) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.mgmt_octet, 10 + o as u8)
     }
+    /// The host's address on the management network (its bridge's gateway): what a pod
+    /// reaches a server of the test at, e.g. a fake Kubernetes API.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.mgmt_octet, 1)
+    }
     /// Pod `o`'s etcd client URL on the management network.
     pub fn client_url(&self, o: u32) -> String {
         format!("http://{}:2379", self.ip(o))
@@ -309,6 +318,7 @@ impl Cluster {
         if let Some(t) = &self.stall_timeout {
             args.push(format!("--learner-stall-timeout={t}"));
         }
+        args.extend(self.extra_args.iter().cloned());
         if self.peer_tls.is_some() {
             for (opt, file) in [
                 ("--peer-cert-file", "peer.pem"),
@@ -598,6 +608,26 @@ impl Cluster {
         ])
         .await;
         self.say(&format!("pod {o} reconnected to the cluster network"));
+    }
+
+    /// The paths under `dir` of pod `o`'s volume (relative to the data directory, as
+    /// `tar -t` lists them: `dir/`, `dir/a/`, `dir/a/f`), copied out of its etcd container
+    /// (running or not); empty when `dir` does not exist.
+    pub async fn volume_paths(&self, o: u32, dir: &str) -> Vec<String> {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "docker cp '{}:/var/lib/etcd/{dir}' - | tar -t",
+                self.etcd_ctr(o)
+            ))
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("cannot run docker cp | tar -t: {e}"));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 
     /// Whether a container runs.
