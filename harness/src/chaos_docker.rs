@@ -108,7 +108,8 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
     }
     let writer = Writer::start(pods.iter().map(|o| c.client_url(*o)).collect());
     let started = Instant::now();
-    let mut pending: Vec<(Duration, Heal)> = Vec::new();
+    // Each heal with the pod it frees (`None`: every pod).
+    let mut pending: Vec<(Duration, Heal, Option<u32>)> = Vec::new();
     let mut held: BTreeSet<u32> = BTreeSet::new();
     let mut lost_ids: Vec<u64> = Vec::new();
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
@@ -116,13 +117,20 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
     let mut events = schedule.events.iter().peekable();
     loop {
         let now = started.elapsed();
-        pending.sort_by_key(|(t, _)| *t);
-        while pending.first().is_some_and(|(t, _)| *t <= now) {
-            let (_, heal) = pending.remove(0);
+        pending.sort_by_key(|(t, _, _)| *t);
+        while pending.first().is_some_and(|(t, _, _)| *t <= now) {
+            let (_, heal, _) = pending.remove(0);
             apply_heal(c, etcd, heal, &mut held).await;
         }
         if let Some(e) = events.peek() {
-            if e.at <= now {
+            // A volume loss waits for every copy (below), which can push it onto the next
+            // fault of its pod: a fault waits until its pod's earlier fault is healed, as
+            // the generator meant (one fault per pod at a time).
+            let busy = pending.iter().any(|(_, _, p)| match (p, pod_of(&e.fault)) {
+                (Some(a), Some(b)) => *a == b,
+                _ => true,
+            });
+            if e.at <= now && !busy {
                 // A volume is lost only once every copy is back (see chaos::run).
                 if matches!(e.fault, Fault::LoseVolume(_))
                     && now < e.at + RECOVERY_BOUND
@@ -143,7 +151,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
                     wiped.insert(o);
                 }
                 let heal = apply_fault(c, &e.fault, &mut held).await;
-                pending.push((started.elapsed() + e.lasts, heal));
+                pending.push((started.elapsed() + e.lasts, heal, pod_of(&e.fault)));
                 applied += 1;
                 continue;
             }
@@ -202,6 +210,18 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         replaced,
         recovered,
         explained_outage: schedule.longest_quorum_loss(),
+    }
+}
+
+/// The pod a fault is laid on; `None` for every pod.
+fn pod_of(f: &Fault) -> Option<u32> {
+    match f {
+        Fault::KillPod(o)
+        | Fault::KillSidecar(o)
+        | Fault::Pause(o)
+        | Fault::WithdrawDns(o)
+        | Fault::LoseVolume(o) => Some(*o),
+        Fault::RestartAll(_) => None,
     }
 }
 
