@@ -1,0 +1,331 @@
+//! A fake Kubernetes API server for scale-in: it answers, as a real API server does, a GET
+//! of an apps/v1 StatefulSet (a v1 `Status` 404 for a set it does not hold) and a v1
+//! PodList of the namespace, honouring an equality-based `labelSelector`
+//! (`k=v,k2=v2`). Beside the set's pods it holds a stray pod that does not carry the set's
+//! labels ([`FakeKube::set_stray`]), so that a client that lists every pod of the
+//! namespace is caught. Plain HTTP, no authentication.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::json;
+
+use crate::{Error, Result};
+
+/// The labels of the set's pods (`spec.selector.matchLabels`).
+fn match_labels(set: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "etcd".to_string()),
+        ("app.kubernetes.io/instance".to_string(), set.to_string()),
+    ])
+}
+
+#[derive(Default)]
+struct Held {
+    replicas: u32,
+    pods: Vec<u32>,
+    stray: Option<String>,
+    silent: bool,
+    /// Requests answered, by path.
+    requests: HashMap<String, usize>,
+}
+
+struct Shared {
+    namespace: String,
+    set: String,
+    held: Mutex<Held>,
+}
+
+impl Shared {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The fake API, served until dropped.
+pub struct FakeKube {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeKube {
+    /// Serves on `bind` (e.g. 127.0.0.1:0 or 0.0.0.0:0); namespace and the set's name.
+    /// It holds `spec.replicas: 0` and no pod until [`FakeKube::set`], and a stray pod
+    /// `web-7` of another workload.
+    pub async fn start(bind: SocketAddr, namespace: &str, set: &str) -> Result<FakeKube> {
+        let shared = Arc::new(Shared {
+            namespace: namespace.to_string(),
+            set: set.to_string(),
+            held: Mutex::new(Held {
+                stray: Some("web-7".into()),
+                ..Held::default()
+            }),
+        });
+        let app = Router::new()
+            .route(
+                "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}",
+                get(statefulset),
+            )
+            .route("/api/v1/namespaces/{ns}/pods", get(pods))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(Error::io(format!("fake Kubernetes API: bind {bind}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(Error::io("fake Kubernetes API: local address"))?;
+        let listener = SilentListener {
+            inner: listener,
+            shared: shared.clone(),
+        };
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(FakeKube { shared, addr, task })
+    }
+
+    /// Where it serves.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// spec.replicas and the ordinals that have a pod.
+    pub fn set(&self, replicas: u32, pods: &[u32]) {
+        let mut h = self.shared.held();
+        h.replicas = replicas;
+        h.pods = pods.to_vec();
+    }
+
+    /// Stop answering (connections refused or hung) / answer again.
+    pub fn set_silent(&self, silent: bool) {
+        self.shared.held().silent = silent;
+    }
+
+    /// The stray pod of the namespace: this name, labels that are not the set's (a
+    /// debugging copy, another workload); `None`: no stray pod. May carry a name of the
+    /// set's form (`<set>-<n>`): only a list narrowed to the set's labels tells it apart.
+    pub fn set_stray(&self, name: Option<&str>) {
+        self.shared.held().stray = name.map(str::to_string);
+    }
+
+    /// How many requests for `path` (e.g. `/api/v1/namespaces/default/pods`) were
+    /// answered; every path with `None`.
+    pub fn requests(&self, path: Option<&str>) -> usize {
+        let h = self.shared.held();
+        match path {
+            Some(p) => h.requests.get(p).copied().unwrap_or(0),
+            None => h.requests.values().sum(),
+        }
+    }
+}
+
+/// Accepts connections, and drops them at once while the API is silent.
+struct SilentListener {
+    inner: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl axum::serve::Listener for SilentListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) if !self.shared.held().silent => return (stream, addr),
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+fn json_response(code: StatusCode, body: serde_json::Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn not_found(what: &str, name: &str, group: &str) -> Response {
+    json_response(
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("{what} \"{name}\" not found"), "reason": "NotFound",
+            "details": {"name": name, "group": group, "kind": what.split('.').next().unwrap_or(what)}, "code": 404}),
+    )
+}
+
+/// Counts the request; while silent, never answers (a connection kept from before hangs).
+async fn answer(shared: &Shared, path: String) {
+    let silent = {
+        let mut h = shared.held();
+        *h.requests.entry(path).or_default() += 1;
+        h.silent
+    };
+    if silent {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn statefulset(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    answer(
+        &shared,
+        format!("/apis/apps/v1/namespaces/{ns}/statefulsets/{name}"),
+    )
+    .await;
+    if ns != shared.namespace || name != shared.set {
+        return not_found("statefulsets.apps", &name, "apps");
+    }
+    let (replicas, ready) = {
+        let h = shared.held();
+        (h.replicas, h.pods.len())
+    };
+    let labels = match_labels(&shared.set);
+    json_response(
+        StatusCode::OK,
+        json!({"kind": "StatefulSet", "apiVersion": "apps/v1",
+            "metadata": {"name": name, "namespace": ns, "uid": "6a3c0d4e-1f2a-4b5c-8d9e-0f1a2b3c4d5e",
+                "resourceVersion": "4242", "generation": 3, "creationTimestamp": "2026-11-24T09:00:00Z",
+                "labels": labels},
+            "spec": {"replicas": replicas, "serviceName": shared.set, "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "etcd", "image": "etcd-steward:test",
+                        "ports": [{"name": "client", "containerPort": 2379, "protocol": "TCP"}],
+                        "resources": {}, "terminationMessagePath": "/dev/termination-log",
+                        "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+                        "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+                        "dnsPolicy": "ClusterFirst", "securityContext": {}, "schedulerName": "default-scheduler"}},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                "revisionHistoryLimit": 10,
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"}},
+            "status": {"observedGeneration": 3, "replicas": ready, "readyReplicas": ready,
+                "currentReplicas": ready, "updatedReplicas": ready, "availableReplicas": ready,
+                "currentRevision": format!("{name}-7d9f8c6b5"), "updateRevision": format!("{name}-7d9f8c6b5"),
+                "collisionCount": 0}}),
+    )
+}
+
+/// Whether `labels` satisfy an equality-based selector (`k=v`, `k==v`, `k!=v`, `k`, `!k`,
+/// comma-separated).
+fn selects(selector: &str, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .all(|term| {
+            if let Some((k, v)) = term.split_once("!=") {
+                labels.get(k.trim()).map(String::as_str) != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                labels.get(k.trim()).map(String::as_str) == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!') {
+                !labels.contains_key(k.trim())
+            } else {
+                labels.contains_key(term)
+            }
+        })
+}
+
+fn pod(
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    owner: Option<&str>,
+) -> serde_json::Value {
+    let owners: Vec<serde_json::Value> = owner
+        .map(|set| json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set,
+            "uid": "6a3c0d4e-1f2a-4b5c-8d9e-0f1a2b3c4d5e", "controller": true, "blockOwnerDeletion": true}))
+        .into_iter()
+        .collect();
+    json!({"metadata": {"name": name, "namespace": ns, "uid": format!("pod-{name}"),
+            "resourceVersion": "4240", "creationTimestamp": "2026-11-24T09:00:00Z",
+            "labels": labels, "ownerReferences": owners},
+        "spec": {"containers": [{"name": "etcd", "image": "etcd-steward:test"}],
+            "restartPolicy": "Always", "nodeName": "node-1"},
+        "status": {"phase": "Running", "podIP": "10.0.0.1", "hostIP": "10.1.0.1"}})
+}
+
+async fn pods(
+    State(shared): State<Arc<Shared>>,
+    Path(ns): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    answer(&shared, format!("/api/v1/namespaces/{ns}/pods")).await;
+    let (ordinals, stray) = {
+        let h = shared.held();
+        (h.pods.clone(), h.stray.clone())
+    };
+    let set = &shared.set;
+    let mut all: Vec<(String, BTreeMap<String, String>, Option<&str>)> = Vec::new();
+    if ns == shared.namespace {
+        for o in ordinals {
+            let mut labels = match_labels(set);
+            labels.insert("apps.kubernetes.io/pod-index".into(), o.to_string());
+            labels.insert(
+                "statefulset.kubernetes.io/pod-name".into(),
+                format!("{set}-{o}"),
+            );
+            all.push((format!("{set}-{o}"), labels, Some(set.as_str())));
+        }
+        if let Some(name) = stray {
+            let labels = BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "web".to_string()),
+                ("debug".to_string(), "true".to_string()),
+            ]);
+            all.push((name, labels, None));
+        }
+    }
+    let selector = query.get("labelSelector").map(String::as_str).unwrap_or("");
+    let items: Vec<serde_json::Value> = all
+        .iter()
+        .filter(|(_, labels, _)| selects(selector, labels))
+        .map(|(name, labels, owner)| pod(&ns, name, labels, *owner))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4243"}, "items": items}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equality_selectors_select_by_every_term() {
+        let labels = BTreeMap::from([
+            ("app".to_string(), "etcd".to_string()),
+            ("tier".to_string(), "db".to_string()),
+        ]);
+        assert!(selects("", &labels));
+        assert!(selects("app=etcd", &labels));
+        assert!(selects("app==etcd,tier=db", &labels));
+        assert!(!selects("app=etcd,tier=web", &labels));
+        assert!(selects("app!=web", &labels));
+        assert!(selects("tier,!debug", &labels));
+        assert!(!selects("debug", &labels));
+    }
+}
