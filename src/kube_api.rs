@@ -128,9 +128,9 @@ pub async fn workload_state<W: Workload>(w: &W, set: &str) -> Result<WorkloadSta
 pub struct ApiWorkload {
     access: KubeAccess,
     config: kube::Config,
-    /// Built at the first call (it needs the runtime), and again when the token file
-    /// appears or goes (kube reads it when the client is built). `bool`: with a token.
-    client: tokio::sync::Mutex<Option<(bool, kube::Client)>>,
+    /// Built at the first call (it needs the runtime), and again when the token changes:
+    /// with the token it was built with.
+    client: tokio::sync::Mutex<Option<(Option<String>, kube::Client)>>,
 }
 
 impl std::fmt::Debug for ApiWorkload {
@@ -184,29 +184,27 @@ impl ApiWorkload {
         })
     }
 
-    /// The client, with the token file as auth when it exists (re-read by kube as it
-    /// rotates), without auth when it does not.
+    /// The client, with the token file's token (read before every call: projected tokens
+    /// rotate; trimmed, as a file written by hand ends in a newline), without a token when
+    /// the file is absent or empty.
     async fn client(&self) -> Result<kube::Client, KubeError> {
-        let with_token = self.access.token_file.is_file();
+        let token = std::fs::read_to_string(&self.access.token_file)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
         let mut held = self.client.lock().await;
         if let Some((t, c)) = held.as_ref() {
-            if *t == with_token {
+            if *t == token {
                 return Ok(c.clone());
             }
         }
         let mut config = self.config.clone();
-        if with_token {
-            config.auth_info.token_file = Some(self.access.token_file.display().to_string());
-        }
+        config.auth_info.token = token.clone().map(Into::into);
         // kube's rustls set-up takes the process's provider: the agent's is ring.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = kube::Client::try_from(config).map_err(|e| {
-            KubeError::Setup(format!(
-                "client for {} (token file {:?}): {e}",
-                self.access.url, self.access.token_file
-            ))
-        })?;
-        *held = Some((with_token, client.clone()));
+        let client = kube::Client::try_from(config)
+            .map_err(|e| KubeError::Setup(format!("client for {}: {e}", self.access.url)))?;
+        *held = Some((token, client.clone()));
         Ok(client)
     }
 

@@ -99,6 +99,7 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
         set.dump()
     );
     assert!(api.requests(Some("/api/v1/namespaces/default/pods")) > 0);
+    assert_eq!(api.bearer(), None, "no token file, no Authorization header");
     let out = set.steward(1, &["leave", "--if-scaled-in"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("not scaled in"));
@@ -215,4 +216,107 @@ async fn scale_in_3_4() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_in_3_5_current() {
     scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(Etcd::V3_5Current).await;
+}
+
+/// A TLS front for `FakeKube`: terminates TLS with `cert`/`key` and passes the bytes on.
+async fn tls_front(
+    backend: std::net::SocketAddr,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> std::net::SocketAddr {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn over_https_the_client_trusts_the_given_ca_and_no_other() {
+    use etcd_steward::kube_api::{workload_state, ApiWorkload, KubeAccess, KubeError};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = harness::pki::Pki::generate(dir.path(), SERVICE, "default", "cluster.local").unwrap();
+    let api = FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", SERVICE)
+        .await
+        .unwrap();
+    api.set(3, &[0, 1, 2, 4]);
+    let front = tls_front(
+        api.addr(),
+        &pki.path("client.pem"),
+        &pki.path("client-key.pem"),
+    )
+    .await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let access = KubeAccess {
+        url: format!("https://{front}"),
+        token_file: token,
+        ca_file: pki.path("client-ca.pem"),
+        namespace: "default".into(),
+        statefulset: SERVICE.into(),
+    };
+    let state = workload_state(&ApiWorkload::new(&access).unwrap(), SERVICE)
+        .await
+        .unwrap();
+    assert_eq!(state.replicas, 3);
+    assert_eq!(state.pods, [0, 1, 2, 4].into());
+    assert_eq!(
+        api.bearer().as_deref(),
+        Some("t0ken"),
+        "the service-account token"
+    );
+    // The token rotates: the next call carries the new one.
+    let client = ApiWorkload::new(&access).unwrap();
+    workload_state(&client, SERVICE).await.unwrap();
+    std::fs::write(&access.token_file, "r0tated").unwrap();
+    workload_state(&client, SERVICE).await.unwrap();
+    assert_eq!(
+        api.bearer().as_deref(),
+        Some("r0tated"),
+        "the rotated token"
+    );
+
+    // A server whose certificate another CA signed is not the API.
+    let asked = api.requests(None);
+    let other = KubeAccess {
+        ca_file: pki.path("peer-ca.pem"),
+        ..access
+    };
+    let e = workload_state(&ApiWorkload::new(&other).unwrap(), SERVICE)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, KubeError::Unreachable { .. }), "{e}");
+    assert_eq!(
+        api.requests(None),
+        asked,
+        "a request passed an untrusted TLS server"
+    );
 }

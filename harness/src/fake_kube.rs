@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -34,6 +34,8 @@ struct Held {
     silent: bool,
     /// Requests answered, by path.
     requests: HashMap<String, usize>,
+    /// The bearer token of the last request (`None`: it had none).
+    bearer: Option<String>,
 }
 
 struct Shared {
@@ -121,6 +123,11 @@ impl FakeKube {
         self.shared.held().stray = name.map(str::to_string);
     }
 
+    /// The bearer token of the last request, `None` when it had none.
+    pub fn bearer(&self) -> Option<String> {
+        self.shared.held().bearer.clone()
+    }
+
     /// How many requests for `path` (e.g. `/api/v1/namespaces/default/pods`) were
     /// answered; every path with `None`.
     pub fn requests(&self, path: Option<&str>) -> usize {
@@ -176,10 +183,16 @@ fn not_found(what: &str, name: &str, group: &str) -> Response {
 }
 
 /// Counts the request; while silent, never answers (a connection kept from before hangs).
-async fn answer(shared: &Shared, path: String) {
+async fn answer(shared: &Shared, path: String, headers: &HeaderMap) {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
     let silent = {
         let mut h = shared.held();
         *h.requests.entry(path).or_default() += 1;
+        h.bearer = bearer;
         h.silent
     };
     if silent {
@@ -190,10 +203,12 @@ async fn answer(shared: &Shared, path: String) {
 async fn statefulset(
     State(shared): State<Arc<Shared>>,
     Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Response {
     answer(
         &shared,
         format!("/apis/apps/v1/namespaces/{ns}/statefulsets/{name}"),
+        &headers,
     )
     .await;
     if ns != shared.namespace || name != shared.set {
@@ -272,8 +287,9 @@ async fn pods(
     State(shared): State<Arc<Shared>>,
     Path(ns): Path<String>,
     Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
 ) -> Response {
-    answer(&shared, format!("/api/v1/namespaces/{ns}/pods")).await;
+    answer(&shared, format!("/api/v1/namespaces/{ns}/pods"), &headers).await;
     let (ordinals, stray) = {
         let h = shared.held();
         (h.pods.clone(), h.stray.clone())
