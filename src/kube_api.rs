@@ -1,24 +1,24 @@
-//! The Kubernetes API, narrowly: the StatefulSet's `spec.replicas` (the desired size) and the
-//! names of the pods that exist in the namespace. Two GETs with the pod's service-account
-//! token, over the in-cluster HTTPS endpoint (or `--kube-api-url`, plain HTTP in tests).
-//! A hand-written client on the hyper and rustls the agent already carries: two read-only
-//! calls do not earn the `kube` and `k8s-openapi` crates. [`Workload`] is the seam; a fake
-//! stands in for tests.
+//! The Kubernetes API, narrowly: the StatefulSet's `spec.replicas` (the desired size) and
+//! `spec.selector.matchLabels`, and the names of the pods those labels select in the
+//! namespace. Two read-only GETs through the `kube` crate's typed client
+//! (`Api<StatefulSet>::get`, `Api<Pod>::list` with a `labelSelector`), with the pod's
+//! service-account token (re-read as it rotates) over the in-cluster HTTPS endpoint, or
+//! `--kube-api-url` (plain HTTP in tests). [`Workload`] is the seam; a fake stands in for
+//! tests.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use rustls::{ClientConfig, RootCertStore};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::Api;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
-use serde::Deserialize;
+use rustls_pki_types::CertificateDer;
 use thiserror::Error;
 
 use crate::identity::parse_pod_name;
@@ -29,8 +29,6 @@ pub const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 
 /// How long one call to the API may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// A pod list of a busy namespace is large; this bounds it.
-const MAX_BODY: usize = 32 * 1024 * 1024;
 
 /// Why the API gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -54,7 +52,8 @@ pub enum KubeError {
 pub struct KubeAccess {
     /// `https://10.96.0.1:443` in a cluster.
     pub url: String,
-    /// Read before every call (projected tokens rotate); none when the file is absent.
+    /// The bearer token, re-read as it rotates (projected tokens do); none when the file is
+    /// absent.
     pub token_file: PathBuf,
     /// The CA of the API server's certificate (https only).
     pub ca_file: PathBuf,
@@ -62,12 +61,41 @@ pub struct KubeAccess {
     pub statefulset: String,
 }
 
+/// What scale-in reads of the StatefulSet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetSpec {
+    /// `spec.replicas`: the desired size.
+    pub replicas: u32,
+    /// `spec.selector.matchLabels`: the labels of the set's pods.
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl SetSpec {
+    /// The equality-based `labelSelector` of the set's pods (`k=v,k2=v2`); empty (every pod
+    /// of the namespace) when the set has no `matchLabels`.
+    pub fn label_selector(&self) -> String {
+        self.match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
 /// The two questions scale-in asks.
 pub trait Workload: Send + Sync {
-    /// The StatefulSet's `spec.replicas`.
-    fn desired_replicas(&self) -> impl Future<Output = Result<u32, KubeError>> + Send;
-    /// The names of the pods present in the namespace (terminating ones included).
-    fn pods(&self) -> impl Future<Output = Result<Vec<String>, KubeError>> + Send;
+    /// The StatefulSet's `spec.replicas` and `spec.selector.matchLabels`.
+    fn statefulset(&self) -> impl Future<Output = Result<SetSpec, KubeError>> + Send;
+    /// The names of the pods that `label_selector` selects in the namespace (terminating
+    /// ones included); every pod of the namespace when it is empty.
+    fn pods(
+        &self,
+        label_selector: &str,
+    ) -> impl Future<Output = Result<Vec<String>, KubeError>> + Send;
+    /// The StatefulSet's `spec.replicas` alone (the preStop hook's question).
+    fn desired_replicas(&self) -> impl Future<Output = Result<u32, KubeError>> + Send {
+        async { self.statefulset().await.map(|s| s.replicas) }
+    }
 }
 
 /// What the API said, for the scale-in planner: the desired size, and which ordinals of
@@ -78,62 +106,31 @@ pub struct WorkloadState {
     pub pods: BTreeSet<u32>,
 }
 
-/// Asks both questions; the pods are kept only when they belong to `set` (`<set>-<n>`).
+/// Asks both questions: the pods are listed by the set's `matchLabels`, and of those only
+/// the ones named `<set>-<n>` are kept.
 pub async fn workload_state<W: Workload>(w: &W, set: &str) -> Result<WorkloadState, KubeError> {
-    let replicas = w.desired_replicas().await?;
+    let spec = w.statefulset().await?;
     let pods = w
-        .pods()
+        .pods(&spec.label_selector())
         .await?
         .iter()
         .filter_map(|n| parse_pod_name(n).ok())
         .filter(|(s, _)| s == set)
         .map(|(_, o)| o)
         .collect();
-    Ok(WorkloadState { replicas, pods })
+    Ok(WorkloadState {
+        replicas: spec.replicas,
+        pods,
+    })
 }
 
-#[derive(Deserialize)]
-struct StatefulSet {
-    metadata: Metadata,
-    spec: StatefulSetSpec,
-}
-
-#[derive(Deserialize)]
-struct StatefulSetSpec {
-    /// The API server answers with defaults applied, so `replicas` is always there; an
-    /// answer without it says nothing about the desired size (never taken as 1).
-    replicas: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct PodList {
-    items: Vec<Pod>,
-}
-
-#[derive(Deserialize)]
-struct Pod {
-    metadata: Metadata,
-}
-
-#[derive(Deserialize)]
-struct Metadata {
-    name: String,
-}
-
-/// A `Status` object, as the API answers an error.
-#[derive(Deserialize)]
-struct Status {
-    message: Option<String>,
-}
-
-/// The real API.
-#[derive(Clone)]
+/// The real API, through `kube::Client`.
 pub struct ApiWorkload {
     access: KubeAccess,
-    scheme_https: bool,
-    host: String,
-    port: u16,
-    tls: Option<Arc<ClientConfig>>,
+    config: kube::Config,
+    /// Built at the first call (it needs the runtime), and again when the token changes:
+    /// with the token it was built with.
+    client: tokio::sync::Mutex<Option<(Option<String>, kube::Client)>>,
 }
 
 impl std::fmt::Debug for ApiWorkload {
@@ -145,7 +142,7 @@ impl std::fmt::Debug for ApiWorkload {
 }
 
 impl ApiWorkload {
-    /// Parses the URL and, for https, loads the CA.
+    /// Parses the URL and, for https, loads the CA. Makes no call.
     pub fn new(access: &KubeAccess) -> Result<Self, KubeError> {
         let uri: hyper::Uri = access
             .url
@@ -161,190 +158,198 @@ impl ApiWorkload {
                 )))
             }
         };
-        let host = uri
-            .host()
-            .ok_or_else(|| {
-                KubeError::Setup(format!("--kube-api-url {:?} has no host", access.url))
-            })?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tls = if https {
-            Some(client_config(&access.ca_file)?)
-        } else {
-            None
-        };
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(KubeError::Setup(format!(
+                "--kube-api-url {:?} has no host",
+                access.url
+            )));
+        }
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = access.namespace.clone();
+        config.connect_timeout = Some(CALL_TIMEOUT);
+        config.read_timeout = Some(CALL_TIMEOUT);
+        config.write_timeout = Some(CALL_TIMEOUT);
+        config.reset_reader_on_write = true;
+        // One answer per look: the caller asks again at its own pace.
+        config.default_retry = false;
+        if https {
+            config.root_cert = Some(ca_certificates(&access.ca_file)?);
+            // kube re-reads it about once a minute: the CA rotates like the token.
+            config.root_cert_file = Some(access.ca_file.clone());
+        }
         Ok(ApiWorkload {
             access: access.clone(),
-            scheme_https: https,
-            host,
-            port,
-            tls,
+            config,
+            client: tokio::sync::Mutex::new(None),
         })
     }
 
-    async fn get(&self, path: &str) -> Result<Vec<u8>, KubeError> {
-        let url = &self.access.url;
+    /// The client, with the token file's token (read before every call: projected tokens
+    /// rotate; trimmed, as a file written by hand ends in a newline), without a token when
+    /// the file is absent or empty.
+    async fn client(&self) -> Result<kube::Client, KubeError> {
         let token = std::fs::read_to_string(&self.access.token_file)
             .ok()
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty());
-        let unreachable = |detail: String| KubeError::Unreachable {
-            url: url.clone(),
-            detail,
-        };
-        let call = async {
-            let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
-                .await
-                .map_err(|e| unreachable(format!("resolving {}: {e}", self.host)))?
-                .next()
-                .ok_or_else(|| unreachable(format!("{} has no address", self.host)))?;
-            let stream = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| unreachable(format!("connect {addr}: {e}")))?;
-            match (&self.tls, self.scheme_https) {
-                (Some(tls), true) => {
-                    let name = ServerName::try_from(self.host.clone())
-                        .map_err(|e| KubeError::Setup(format!("{:?}: {e}", self.host)))?;
-                    let stream = tokio_rustls::TlsConnector::from(tls.clone())
-                        .connect(name, stream)
-                        .await
-                        .map_err(|e| unreachable(format!("TLS: {e}")))?;
-                    self.exchange(TokioIo::new(stream), path, token.as_deref())
-                        .await
-                }
-                _ => {
-                    self.exchange(TokioIo::new(stream), path, token.as_deref())
-                        .await
-                }
+        let mut held = self.client.lock().await;
+        if let Some((t, c)) = held.as_ref() {
+            if *t == token {
+                return Ok(c.clone());
             }
-        };
-        tokio::time::timeout(CALL_TIMEOUT, call)
-            .await
-            .map_err(|_| unreachable(format!("GET {path}: no answer within {CALL_TIMEOUT:?}")))?
+        }
+        let mut config = self.config.clone();
+        config.auth_info.token = token.clone().map(Into::into);
+        // kube's rustls set-up takes the process's provider: the agent's is ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = kube::Client::try_from(config)
+            .map_err(|e| KubeError::Setup(format!("client for {}: {e}", self.access.url)))?;
+        *held = Some((token, client.clone()));
+        Ok(client)
     }
 
-    async fn exchange<S>(
+    /// One call, within [`CALL_TIMEOUT`], its error said as a [`KubeError`].
+    async fn call<T, F>(
         &self,
-        io: TokioIo<S>,
         path: &str,
-        token: Option<&str>,
-    ) -> Result<Vec<u8>, KubeError>
+        f: impl FnOnce(kube::Client) -> F,
+    ) -> Result<T, KubeError>
     where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        F: Future<Output = Result<T, kube::Error>>,
     {
-        let unreachable = |detail: String| KubeError::Unreachable {
-            url: self.access.url.clone(),
-            detail,
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| unreachable(format!("handshake: {e}")))?;
-        let conn = tokio::spawn(conn);
-        let mut req = hyper::Request::get(path)
-            .header(hyper::header::HOST, &self.host)
-            .header(hyper::header::ACCEPT, "application/json");
-        if let Some(t) = token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        let client = self.client().await?;
+        match tokio::time::timeout(CALL_TIMEOUT, f(client)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(kube_error(&self.access.url, path, e)),
+            Err(_) => Err(KubeError::Unreachable {
+                url: self.access.url.clone(),
+                detail: format!("GET {path}: no answer within {CALL_TIMEOUT:?}"),
+            }),
         }
-        let req = req
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| KubeError::Setup(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| unreachable(format!("GET {path}: {e}")))?;
-        let code = resp.status().as_u16();
-        let body = Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| unreachable(format!("reading GET {path}: {e}")))?
-            .to_bytes();
-        conn.abort();
-        if code != 200 {
-            let message = serde_json::from_slice::<Status>(&body)
-                .ok()
-                .and_then(|s| s.message)
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
-            return Err(KubeError::Status {
-                path: path.to_string(),
-                code,
-                message,
-            });
-        }
-        Ok(body.to_vec())
     }
 }
 
-fn client_config(ca_file: &std::path::Path) -> Result<Arc<ClientConfig>, KubeError> {
+/// The PEM certificates of `ca_file`, as DER.
+fn ca_certificates(ca_file: &std::path::Path) -> Result<Vec<Vec<u8>>, KubeError> {
     let pem = std::fs::read(ca_file)
         .map_err(|e| KubeError::Setup(format!("--kube-ca-file {ca_file:?}: {e}")))?;
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok) {
-        roots
-            .add(cert)
-            .map_err(|e| KubeError::Setup(format!("--kube-ca-file {ca_file:?}: {e}")))?;
-    }
-    if roots.is_empty() {
+    let certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(&pem)
+        .filter_map(Result::ok)
+        .map(|c| c.as_ref().to_vec())
+        .collect();
+    if certs.is_empty() {
         return Err(KubeError::Setup(format!(
             "--kube-ca-file {ca_file:?} holds no PEM certificate"
         )));
     }
-    let config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| KubeError::Setup(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    Ok(Arc::new(config))
+    Ok(certs)
 }
 
-/// `spec.replicas` of the StatefulSet named `name`; anything else is no answer.
-fn stated_replicas(path: &str, name: &str, set: StatefulSet) -> Result<u32, KubeError> {
+/// kube's error as ours: the API's `Status` answer keeps its code and message; an answer
+/// that does not decode is malformed; anything else is an API not reached.
+fn kube_error(url: &str, path: &str, e: kube::Error) -> KubeError {
+    match e {
+        kube::Error::Api(status) => KubeError::Status {
+            path: path.to_string(),
+            code: status.code,
+            message: status.message.clone(),
+        },
+        kube::Error::SerdeError(e) => KubeError::Malformed {
+            path: path.to_string(),
+            detail: e.to_string(),
+        },
+        kube::Error::FromUtf8(e) => KubeError::Malformed {
+            path: path.to_string(),
+            detail: e.to_string(),
+        },
+        kube::Error::BuildRequest(e) => KubeError::Setup(format!("GET {path}: {e}")),
+        kube::Error::Auth(e) => KubeError::Setup(format!("GET {path}: credentials: {e}")),
+        other => KubeError::Unreachable {
+            url: url.to_string(),
+            detail: format!("GET {path}: {}", chain(&other)),
+        },
+    }
+}
+
+/// An error with its sources, `a: b: c` (hyper's top-level message alone says little).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text = format!("{text}: {s_text}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// `spec.replicas` and `matchLabels` of the StatefulSet named `name`; anything else is no
+/// answer.
+fn stated_spec(path: &str, name: &str, set: StatefulSet) -> Result<SetSpec, KubeError> {
     let malformed = |detail: String| KubeError::Malformed {
         path: path.to_string(),
         detail,
     };
-    if set.metadata.name != name {
+    let answered = set.metadata.name.unwrap_or_default();
+    if answered != name {
         return Err(malformed(format!(
-            "it describes StatefulSet {:?}, not {name:?}",
-            set.metadata.name
+            "it describes StatefulSet {answered:?}, not {name:?}"
         )));
     }
-    set.spec
+    let spec = set.spec;
+    // The API server answers with defaults applied, so `replicas` is always there; an
+    // answer without it says nothing about the desired size (never taken as 1).
+    let replicas = spec
         .replicas
-        .ok_or_else(|| malformed("spec.replicas is missing".into()))
-}
-
-fn parse<T: for<'a> Deserialize<'a>>(path: &str, body: &[u8]) -> Result<T, KubeError> {
-    serde_json::from_slice(body).map_err(|e| KubeError::Malformed {
-        path: path.to_string(),
-        detail: e.to_string(),
+        .ok_or_else(|| malformed("spec.replicas is missing".into()))?;
+    let replicas =
+        u32::try_from(replicas).map_err(|_| malformed(format!("spec.replicas is {replicas}")))?;
+    Ok(SetSpec {
+        replicas,
+        match_labels: spec.selector.match_labels.unwrap_or_default(),
     })
 }
 
 impl Workload for ApiWorkload {
-    async fn desired_replicas(&self) -> Result<u32, KubeError> {
-        let path = format!(
-            "/apis/apps/v1/namespaces/{}/statefulsets/{}",
-            self.access.namespace, self.access.statefulset
-        );
-        let set: StatefulSet = parse(&path, &self.get(&path).await?)?;
-        stated_replicas(&path, &self.access.statefulset, set)
+    async fn statefulset(&self) -> Result<SetSpec, KubeError> {
+        let (ns, name) = (&self.access.namespace, &self.access.statefulset);
+        let path = format!("/apis/apps/v1/namespaces/{ns}/statefulsets/{name}");
+        let set = self
+            .call(&path, |c| async move {
+                Api::<StatefulSet>::namespaced(c, ns).get(name).await
+            })
+            .await?;
+        stated_spec(&path, name, set)
     }
 
-    async fn pods(&self) -> Result<Vec<String>, KubeError> {
-        let path = format!("/api/v1/namespaces/{}/pods", self.access.namespace);
-        let list: PodList = parse(&path, &self.get(&path).await?)?;
-        Ok(list.items.into_iter().map(|p| p.metadata.name).collect())
+    async fn pods(&self, label_selector: &str) -> Result<Vec<String>, KubeError> {
+        let ns = &self.access.namespace;
+        let mut path = format!("/api/v1/namespaces/{ns}/pods");
+        let mut params = ListParams::default();
+        if !label_selector.is_empty() {
+            path = format!("{path}?labelSelector={label_selector}");
+            params = params.labels(label_selector);
+        }
+        let list = self
+            .call(&path, |c| async move {
+                Api::<Pod>::namespaced(c, ns).list(&params).await
+            })
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
     }
 }
 
-/// An in-memory API for tests: set what it answers.
+/// An in-memory API for tests: set what it answers; it counts the calls.
 #[derive(Debug, Default, Clone)]
 pub struct FakeWorkload {
     inner: Arc<Mutex<FakeState>>,
+    calls: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -362,7 +367,13 @@ impl FakeWorkload {
         }
     }
 
+    /// How many questions were asked so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     fn state(&self) -> Result<(u32, Vec<String>), KubeError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         let s = self
             .inner
             .lock()
@@ -378,11 +389,14 @@ impl FakeWorkload {
 }
 
 impl Workload for FakeWorkload {
-    async fn desired_replicas(&self) -> Result<u32, KubeError> {
-        self.state().map(|(r, _)| r)
+    async fn statefulset(&self) -> Result<SetSpec, KubeError> {
+        self.state().map(|(replicas, _)| SetSpec {
+            replicas,
+            match_labels: BTreeMap::new(),
+        })
     }
 
-    async fn pods(&self) -> Result<Vec<String>, KubeError> {
+    async fn pods(&self, _label_selector: &str) -> Result<Vec<String>, KubeError> {
         self.state().map(|(_, p)| p)
     }
 }
@@ -405,36 +419,54 @@ mod tests {
         assert_eq!(s.pods, BTreeSet::from([0, 4]));
         w.set(None, &[]);
         assert!(workload_state(&w, "etcd").await.is_err());
+        assert_eq!(w.calls(), 3, "both questions, then the first fails");
+    }
+
+    /// A StatefulSet as the API server answers a GET (defaults applied).
+    fn statefulset_json(name: &str, replicas: Option<u32>) -> String {
+        let replicas = replicas
+            .map(|r| format!(r#""replicas":{r},"#))
+            .unwrap_or_default();
+        format!(
+            r#"{{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{{"name":"{name}","namespace":"default","uid":"6a3c","resourceVersion":"4242","labels":{{"app":"etcd"}}}},"spec":{{{replicas}"serviceName":"etcd","podManagementPolicy":"Parallel","selector":{{"matchLabels":{{"app":"etcd","tier":"db"}}}},"template":{{"metadata":{{"labels":{{"app":"etcd","tier":"db"}}}},"spec":{{"containers":[{{"name":"etcd","image":"etcd"}}]}}}},"updateStrategy":{{"type":"RollingUpdate"}}}},"status":{{"replicas":5,"readyReplicas":3}}}}"#
+        )
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(json: &str) -> T {
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
     }
 
     #[test]
     fn real_statefulset_and_pod_list_json_parse() {
-        let set = r#"{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{"name":"etcd","namespace":"default"},"spec":{"replicas":3,"serviceName":"etcd","selector":{"matchLabels":{"app":"etcd"}}},"status":{"replicas":5}}"#;
-        let s: StatefulSet = parse("/x", set.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.spec.replicas, Some(3));
-        let list = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"etcd-0","namespace":"default"},"spec":{},"status":{"phase":"Running"}}]}"#;
-        let l: PodList = parse("/y", list.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(l.items[0].metadata.name, "etcd-0");
+        let s: StatefulSet = parse(&statefulset_json("etcd", Some(3)));
+        let spec = stated_spec("/x", "etcd", s).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.replicas, 3);
+        assert_eq!(spec.label_selector(), "app=etcd,tier=db");
+        let list = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"etcd-0","namespace":"default","labels":{"app":"etcd"}},"spec":{"containers":[{"name":"etcd","image":"etcd"}]},"status":{"phase":"Running"}}]}"#;
+        let l: kube::core::ObjectList<Pod> = parse(list);
+        assert_eq!(l.items[0].metadata.name.as_deref(), Some("etcd-0"));
     }
 
     #[test]
     fn a_statefulset_answer_without_replicas_or_for_another_set_states_no_size() {
-        let answer = |json: &str| {
-            let s: StatefulSet = parse("/x", json.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-            stated_replicas("/x", "etcd", s)
-        };
+        let answer = |json: String| stated_spec("/x", "etcd", parse(&json));
         assert!(matches!(
-            answer(r#"{"metadata":{"name":"etcd"},"spec":{"replicas":3}}"#),
-            Ok(3)
+            answer(statefulset_json("etcd", Some(3))),
+            Ok(SetSpec { replicas: 3, .. })
         ));
         assert!(matches!(
-            answer(r#"{"metadata":{"name":"etcd"},"spec":{}}"#),
+            answer(statefulset_json("etcd", None)),
             Err(KubeError::Malformed { detail, .. }) if detail.contains("replicas")
         ));
         assert!(matches!(
-            answer(r#"{"metadata":{"name":"web"},"spec":{"replicas":1}}"#),
+            answer(statefulset_json("web", Some(1))),
             Err(KubeError::Malformed { detail, .. }) if detail.contains("web")
         ));
+    }
+
+    #[test]
+    fn a_set_without_match_labels_lists_every_pod_of_the_namespace() {
+        assert_eq!(SetSpec::default().label_selector(), "");
     }
 
     #[test]

@@ -1,111 +1,25 @@
-//! Scale-in against real etcd on five loopback pods, the Kubernetes API played by a tiny
-//! fake server that answers what the real one does: an apps/v1 StatefulSet, a v1 PodList,
-//! and a v1 Status 404 for a StatefulSet it does not hold. One scenario per etcd version:
-//! silence (an API that does not answer) removes nothing; pods gone while spec.replicas
-//! still counts them removes nothing; spec.replicas 5 → 3 removes ordinals 4 then 3 and the
-//! cluster serves; `leave --if-scaled-in` is a no-op for a kept ordinal and a leave without
-//! the "do not rejoin" marker for a scaled-away one.
+//! Scale-in against real etcd on five loopback pods, the Kubernetes API played by
+//! [`harness::fake_kube::FakeKube`], which answers what the real one does: an apps/v1
+//! StatefulSet, a v1 PodList narrowed by `labelSelector`, and a v1 Status 404 for a
+//! StatefulSet it does not hold. One scenario per etcd version: silence (an API that does
+//! not answer) removes nothing; only the leader's sidecar asks the API; pods gone while
+//! spec.replicas still counts them removes nothing; spec.replicas 5 → 3 removes ordinals 4
+//! then 3 and the cluster serves, even with a stray pod named like ordinal 4 (not the set's
+//! labels) in the namespace; `leave --if-scaled-in` is a no-op for a kept ordinal and a
+//! leave without the "do not rejoin" marker for a scaled-away one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use harness::fake_kube::FakeKube;
 use harness::loopback::{Set, SERVICE};
 use harness::Etcd;
-use serde_json::json;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 /// Long enough for several looks of the API (every second) and ticks of the leader.
 const QUIET: Duration = Duration::from_secs(4);
-
-/// What the fake API holds: spec.replicas and the ordinals that have a pod.
-#[derive(Clone, Default)]
-struct Cluster {
-    inner: Arc<Mutex<(u32, Vec<u32>)>>,
-}
-
-impl Cluster {
-    fn set(&self, replicas: u32, pods: &[u32]) {
-        *self.inner.lock().unwrap() = (replicas, pods.to_vec());
-    }
-}
-
-fn json_response(code: StatusCode, body: serde_json::Value) -> Response {
-    (
-        code,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-async fn statefulset(
-    State(c): State<Cluster>,
-    Path((ns, name)): Path<(String, String)>,
-) -> Response {
-    if name != SERVICE {
-        return json_response(
-            StatusCode::NOT_FOUND,
-            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": format!("statefulsets.apps \"{name}\" not found"), "reason": "NotFound",
-                "details": {"name": name, "group": "apps", "kind": "statefulsets"}, "code": 404}),
-        );
-    }
-    let (replicas, _) = c.inner.lock().unwrap().clone();
-    json_response(
-        StatusCode::OK,
-        json!({"kind": "StatefulSet", "apiVersion": "apps/v1",
-            "metadata": {"name": name, "namespace": ns, "uid": "6a3c", "resourceVersion": "4242", "generation": 3},
-            "spec": {"replicas": replicas, "serviceName": SERVICE, "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": {"app": SERVICE}},
-                "template": {"metadata": {"labels": {"app": SERVICE}}, "spec": {"containers": [{"name": "etcd", "image": "etcd"}]}},
-                "updateStrategy": {"type": "RollingUpdate"}},
-            "status": {"replicas": 5, "readyReplicas": 3, "observedGeneration": 3}}),
-    )
-}
-
-async fn pods(State(c): State<Cluster>, Path(ns): Path<String>) -> Response {
-    let (_, ordinals) = c.inner.lock().unwrap().clone();
-    let mut items: Vec<serde_json::Value> = ordinals
-        .iter()
-        .map(|o| {
-            json!({"metadata": {"name": format!("{SERVICE}-{o}"), "namespace": ns,
-                "labels": {"app": SERVICE, "apps.kubernetes.io/pod-index": o.to_string()},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": SERVICE, "uid": "6a3c", "controller": true}]},
-                "spec": {"containers": [{"name": "etcd", "image": "etcd"}]},
-                "status": {"phase": "Running", "podIP": "10.0.0.1"}})
-        })
-        .collect();
-    // Another workload's pod in the namespace is not one of ours.
-    items.push(json!({"metadata": {"name": "web-7", "namespace": ns}, "spec": {}, "status": {"phase": "Running"}}));
-    json_response(
-        StatusCode::OK,
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4243"}, "items": items}),
-    )
-}
-
-/// The fake API on `addr`, until the returned task is aborted (then connections are refused).
-async fn serve_api(addr: SocketAddr, cluster: Cluster) -> tokio::task::JoinHandle<()> {
-    let app = Router::new()
-        .route(
-            "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}",
-            get(statefulset),
-        )
-        .route("/api/v1/namespaces/{ns}/pods", get(pods))
-        .with_state(cluster);
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    })
-}
 
 fn ordinals(set: &Set, members: &[etcd_client::Member]) -> Vec<u32> {
     let mut o: Vec<u32> = (0..5)
@@ -137,16 +51,16 @@ async fn removals(set: &Set, pods: &[u32]) -> u64 {
 }
 
 async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(etcd: Etcd) {
-    // A free port for the API, not served yet: calls are refused.
-    let api_addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // The API, silent at first: its connections are dropped unanswered.
+    let api = FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", SERVICE)
+        .await
+        .unwrap();
+    api.set_silent(true);
     let mut set = Set::new(STEWARD, etcd, 5).await.unwrap();
     set.extra_args = vec![
         "--scale-in".into(),
         "--scale-in-interval=1s".into(),
-        format!("--kube-api-url=http://{api_addr}"),
+        format!("--kube-api-url=http://{}", api.addr()),
         "--kube-token-file=/nonexistent/token".into(),
     ];
     set.start_all(WAIT).await.unwrap();
@@ -170,9 +84,22 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
     );
 
     // The API answers; spec.replicas is still 5: a restart, not a scale-in.
-    let cluster = Cluster::default();
-    cluster.set(5, &[0, 1, 2]);
-    let server = serve_api(api_addr, cluster.clone()).await;
+    api.set(5, &[0, 1, 2]);
+    api.set_silent(false);
+    // Only the leader's sidecar asks (two GETs a second); three pods asking would make
+    // three times as many.
+    let window = Duration::from_secs(6);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = api.requests(None);
+    tokio::time::sleep(window).await;
+    let asked = api.requests(None) - before;
+    assert!(
+        (2..=2 * (window.as_secs() as usize + 2)).contains(&asked),
+        "{asked} requests in {window:?}: the leader alone asks twice every second\n{}",
+        set.dump()
+    );
+    assert!(api.requests(Some("/api/v1/namespaces/default/pods")) > 0);
+    assert_eq!(api.bearer(), None, "no token file, no Authorization header");
     let out = set.steward(1, &["leave", "--if-scaled-in"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("not scaled in"));
@@ -190,8 +117,11 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
         set.dump()
     );
 
-    // spec.replicas 5 → 3: ordinal 4 goes first, then 3.
-    cluster.set(3, &[0, 1, 2]);
+    // spec.replicas 5 → 3: ordinal 4 goes first, then 3. A stray pod named etcd-4 (a
+    // debugging copy: not the set's labels) does not keep ordinal 4: pods are listed by the
+    // set's matchLabels.
+    api.set_stray(Some(&format!("{SERVICE}-4")));
+    api.set(3, &[0, 1, 2]);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let seen = ordinals(&set, &set.members(0).await.unwrap());
@@ -225,7 +155,7 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
     let pod2 = set.member_id(2).await.unwrap();
     // spec.replicas 2 with pod 2 still running: its preStop hook removes its own member,
     // and leaves no "do not rejoin" marker (a scale-up on this volume joins again).
-    cluster.set(2, &[0, 1, 2]);
+    api.set(2, &[0, 1, 2]);
     let out = set.steward(2, &["leave", "--if-scaled-in"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(ordinals(&set, &set.members(0).await.unwrap()), [0, 1]);
@@ -250,7 +180,7 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
     // Scaled up again on the retained volume: the old data is set aside (renamed, not
     // deleted) and pod 2 joins as a new member with every key.
     let old_id = pod2;
-    cluster.set(3, &[0, 1, 2]);
+    api.set(3, &[0, 1, 2]);
     set.start(2).unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
     while !(set.all_linearizable(&[0, 1, 2], 3).await && set.all_ready(&[0, 1, 2]).await) {
@@ -269,7 +199,7 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
         .is_some());
     assert_eq!(set.count_keys_on(2, "two/").await.unwrap(), 5);
 
-    server.abort();
+    drop(api);
     set.shutdown().await;
 }
 
@@ -286,4 +216,107 @@ async fn scale_in_3_4() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_in_3_5_current() {
     scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(Etcd::V3_5Current).await;
+}
+
+/// A TLS front for `FakeKube`: terminates TLS with `cert`/`key` and passes the bytes on.
+async fn tls_front(
+    backend: std::net::SocketAddr,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> std::net::SocketAddr {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn over_https_the_client_trusts_the_given_ca_and_no_other() {
+    use etcd_steward::kube_api::{workload_state, ApiWorkload, KubeAccess, KubeError};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = harness::pki::Pki::generate(dir.path(), SERVICE, "default", "cluster.local").unwrap();
+    let api = FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", SERVICE)
+        .await
+        .unwrap();
+    api.set(3, &[0, 1, 2, 4]);
+    let front = tls_front(
+        api.addr(),
+        &pki.path("client.pem"),
+        &pki.path("client-key.pem"),
+    )
+    .await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let access = KubeAccess {
+        url: format!("https://{front}"),
+        token_file: token,
+        ca_file: pki.path("client-ca.pem"),
+        namespace: "default".into(),
+        statefulset: SERVICE.into(),
+    };
+    let state = workload_state(&ApiWorkload::new(&access).unwrap(), SERVICE)
+        .await
+        .unwrap();
+    assert_eq!(state.replicas, 3);
+    assert_eq!(state.pods, [0, 1, 2, 4].into());
+    assert_eq!(
+        api.bearer().as_deref(),
+        Some("t0ken"),
+        "the service-account token"
+    );
+    // The token rotates: the next call carries the new one.
+    let client = ApiWorkload::new(&access).unwrap();
+    workload_state(&client, SERVICE).await.unwrap();
+    std::fs::write(&access.token_file, "r0tated").unwrap();
+    workload_state(&client, SERVICE).await.unwrap();
+    assert_eq!(
+        api.bearer().as_deref(),
+        Some("r0tated"),
+        "the rotated token"
+    );
+
+    // A server whose certificate another CA signed is not the API.
+    let asked = api.requests(None);
+    let other = KubeAccess {
+        ca_file: pki.path("peer-ca.pem"),
+        ..access
+    };
+    let e = workload_state(&ApiWorkload::new(&other).unwrap(), SERVICE)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, KubeError::Unreachable { .. }), "{e}");
+    assert_eq!(
+        api.requests(None),
+        asked,
+        "a request passed an untrusted TLS server"
+    );
 }

@@ -1,18 +1,16 @@
-//! A tiny fake Kubernetes API for scale-in: it answers what the real one does for the two
-//! calls etcd-steward makes, an apps/v1 StatefulSet and a v1 PodList, and a v1 Status 404
-//! for a StatefulSet (or namespace) it does not hold. It holds one StatefulSet: its
-//! spec.replicas and the ordinals that have a pod ([`FakeKube::set`]). Silenced
-//! ([`FakeKube::set_silent`]), every call gets a 503 Status, as from an API server that is
-//! down behind its load balancer: no answer. Served until dropped.
-//!
-//! PROVISIONAL (branch dockerscale): the shape the Docker fault suite needs; the version
-//! moved out of tests/scale_in.rs replaces it.
+//! A fake Kubernetes API server for scale-in: it answers, as a real API server does, a GET
+//! of an apps/v1 StatefulSet (a v1 `Status` 404 for a set it does not hold) and a v1
+//! PodList of the namespace, honouring an equality-based `labelSelector`
+//! (`k=v,k2=v2`). Beside the set's pods it holds a stray pod that does not carry the set's
+//! labels ([`FakeKube::set_stray`]), so that a client that lists every pod of the
+//! namespace is caught. Plain HTTP, no authentication.
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -20,42 +18,64 @@ use serde_json::json;
 
 use crate::{Error, Result};
 
+/// The labels of the set's pods (`spec.selector.matchLabels`).
+fn match_labels(set: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "etcd".to_string()),
+        ("app.kubernetes.io/instance".to_string(), set.to_string()),
+    ])
+}
+
 #[derive(Default)]
 struct Held {
     replicas: u32,
     pods: Vec<u32>,
+    stray: Option<String>,
     silent: bool,
+    /// Requests answered, by path.
+    requests: HashMap<String, usize>,
+    /// The bearer token of the last request (`None`: it had none).
+    bearer: Option<String>,
 }
 
-#[derive(Clone)]
 struct Shared {
     namespace: String,
     set: String,
-    held: Arc<Mutex<Held>>,
+    held: Mutex<Held>,
 }
 
 impl Shared {
-    fn read<T>(&self, f: impl FnOnce(&Held) -> T) -> T {
-        f(&self.held.lock().unwrap_or_else(|e| e.into_inner()))
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// The fake API server (see the module's documentation).
+/// The fake API, served until dropped.
 pub struct FakeKube {
+    shared: Arc<Shared>,
     addr: SocketAddr,
-    shared: Shared,
     task: tokio::task::JoinHandle<()>,
 }
 
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl FakeKube {
-    /// Serves on `bind` (port 0: any free one) the StatefulSet `set` of `namespace`, with
-    /// spec.replicas 0 and no pod until [`FakeKube::set`].
+    /// Serves on `bind` (e.g. 127.0.0.1:0 or 0.0.0.0:0); namespace and the set's name.
+    /// It holds `spec.replicas: 0` and no pod until [`FakeKube::set`], and a stray pod
+    /// `web-7` of another workload.
     pub async fn start(bind: SocketAddr, namespace: &str, set: &str) -> Result<FakeKube> {
-        let shared = Shared {
+        let shared = Arc::new(Shared {
             namespace: namespace.to_string(),
             set: set.to_string(),
-            held: Arc::new(Mutex::new(Held::default())),
-        };
+            held: Mutex::new(Held {
+                stray: Some("web-7".into()),
+                ..Held::default()
+            }),
+        });
         let app = Router::new()
             .route(
                 "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}",
@@ -65,14 +85,18 @@ impl FakeKube {
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(bind)
             .await
-            .map_err(Error::io(format!("the fake Kubernetes API binding {bind}")))?;
+            .map_err(Error::io(format!("fake Kubernetes API: bind {bind}")))?;
         let addr = listener
             .local_addr()
-            .map_err(Error::io("the fake Kubernetes API's address"))?;
+            .map_err(Error::io("fake Kubernetes API: local address"))?;
+        let listener = SilentListener {
+            inner: listener,
+            shared: shared.clone(),
+        };
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(FakeKube { addr, shared, task })
+        Ok(FakeKube { shared, addr, task })
     }
 
     /// Where it serves.
@@ -80,26 +104,63 @@ impl FakeKube {
         self.addr
     }
 
-    /// The StatefulSet's spec.replicas, and the ordinals that have a pod.
+    /// spec.replicas and the ordinals that have a pod.
     pub fn set(&self, replicas: u32, pods: &[u32]) {
-        let mut h = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.shared.held();
         h.replicas = replicas;
         h.pods = pods.to_vec();
     }
 
-    /// Silent, every call is answered 503: nobody learns anything.
+    /// Stop answering (connections refused or hung) / answer again.
     pub fn set_silent(&self, silent: bool) {
-        self.shared
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .silent = silent;
+        self.shared.held().silent = silent;
+    }
+
+    /// The stray pod of the namespace: this name, labels that are not the set's (a
+    /// debugging copy, another workload); `None`: no stray pod. May carry a name of the
+    /// set's form (`<set>-<n>`): only a list narrowed to the set's labels tells it apart.
+    pub fn set_stray(&self, name: Option<&str>) {
+        self.shared.held().stray = name.map(str::to_string);
+    }
+
+    /// The bearer token of the last request, `None` when it had none.
+    pub fn bearer(&self) -> Option<String> {
+        self.shared.held().bearer.clone()
+    }
+
+    /// How many requests for `path` (e.g. `/api/v1/namespaces/default/pods`) were
+    /// answered; every path with `None`.
+    pub fn requests(&self, path: Option<&str>) -> usize {
+        let h = self.shared.held();
+        match path {
+            Some(p) => h.requests.get(p).copied().unwrap_or(0),
+            None => h.requests.values().sum(),
+        }
     }
 }
 
-impl Drop for FakeKube {
-    fn drop(&mut self) {
-        self.task.abort();
+/// Accepts connections, and drops them at once while the API is silent.
+struct SilentListener {
+    inner: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl axum::serve::Listener for SilentListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) if !self.shared.held().silent => return (stream, addr),
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
     }
 }
 
@@ -112,68 +173,175 @@ fn json_response(code: StatusCode, body: serde_json::Value) -> Response {
         .into_response()
 }
 
-fn unavailable() -> Response {
+fn not_found(what: &str, name: &str, group: &str) -> Response {
     json_response(
-        StatusCode::SERVICE_UNAVAILABLE,
+        StatusCode::NOT_FOUND,
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "the server is currently unable to handle the request",
-            "reason": "ServiceUnavailable", "code": 503}),
+            "message": format!("{what} \"{name}\" not found"), "reason": "NotFound",
+            "details": {"name": name, "group": group, "kind": what.split('.').next().unwrap_or(what)}, "code": 404}),
     )
+}
+
+/// Counts the request; while silent, never answers (a connection kept from before hangs).
+async fn answer(shared: &Shared, path: String, headers: &HeaderMap) {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let silent = {
+        let mut h = shared.held();
+        *h.requests.entry(path).or_default() += 1;
+        h.bearer = bearer;
+        h.silent
+    };
+    if silent {
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn statefulset(
-    State(s): State<Shared>,
+    State(shared): State<Arc<Shared>>,
     Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Response {
-    if s.read(|h| h.silent) {
-        return unavailable();
+    answer(
+        &shared,
+        format!("/apis/apps/v1/namespaces/{ns}/statefulsets/{name}"),
+        &headers,
+    )
+    .await;
+    if ns != shared.namespace || name != shared.set {
+        return not_found("statefulsets.apps", &name, "apps");
     }
-    if name != s.set || ns != s.namespace {
-        return json_response(
-            StatusCode::NOT_FOUND,
-            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": format!("statefulsets.apps \"{name}\" not found"), "reason": "NotFound",
-                "details": {"name": name, "group": "apps", "kind": "statefulsets"}, "code": 404}),
-        );
-    }
-    let (replicas, running) = s.read(|h| (h.replicas, h.pods.len()));
-    let set = &s.set;
+    let (replicas, ready) = {
+        let h = shared.held();
+        (h.replicas, h.pods.len())
+    };
+    let labels = match_labels(&shared.set);
     json_response(
         StatusCode::OK,
         json!({"kind": "StatefulSet", "apiVersion": "apps/v1",
-            "metadata": {"name": set, "namespace": ns, "uid": "6a3c", "resourceVersion": "4242", "generation": 3},
-            "spec": {"replicas": replicas, "serviceName": set, "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": {"app": set}},
-                "template": {"metadata": {"labels": {"app": set}}, "spec": {"containers": [{"name": "etcd", "image": "etcd"}]}},
-                "updateStrategy": {"type": "RollingUpdate"}},
-            "status": {"replicas": running, "readyReplicas": running, "observedGeneration": 3}}),
+            "metadata": {"name": name, "namespace": ns, "uid": "6a3c0d4e-1f2a-4b5c-8d9e-0f1a2b3c4d5e",
+                "resourceVersion": "4242", "generation": 3, "creationTimestamp": "2026-11-24T09:00:00Z",
+                "labels": labels},
+            "spec": {"replicas": replicas, "serviceName": shared.set, "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "etcd", "image": "etcd-steward:test",
+                        "ports": [{"name": "client", "containerPort": 2379, "protocol": "TCP"}],
+                        "resources": {}, "terminationMessagePath": "/dev/termination-log",
+                        "terminationMessagePolicy": "File", "imagePullPolicy": "IfNotPresent"}],
+                        "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+                        "dnsPolicy": "ClusterFirst", "securityContext": {}, "schedulerName": "default-scheduler"}},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                "revisionHistoryLimit": 10,
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"}},
+            "status": {"observedGeneration": 3, "replicas": ready, "readyReplicas": ready,
+                "currentReplicas": ready, "updatedReplicas": ready, "availableReplicas": ready,
+                "currentRevision": format!("{name}-7d9f8c6b5"), "updateRevision": format!("{name}-7d9f8c6b5"),
+                "collisionCount": 0}}),
     )
 }
 
-async fn pods(State(s): State<Shared>, Path(ns): Path<String>) -> Response {
-    if s.read(|h| h.silent) {
-        return unavailable();
-    }
-    let ordinals = if ns == s.namespace {
-        s.read(|h| h.pods.clone())
-    } else {
-        Vec::new()
-    };
-    let set = &s.set;
-    let mut items: Vec<serde_json::Value> = ordinals
-        .iter()
-        .map(|o| {
-            json!({"metadata": {"name": format!("{set}-{o}"), "namespace": ns,
-                "labels": {"app": set, "apps.kubernetes.io/pod-index": o.to_string()},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set, "uid": "6a3c", "controller": true}]},
-                "spec": {"containers": [{"name": "etcd", "image": "etcd"}]},
-                "status": {"phase": "Running", "podIP": "10.0.0.1"}})
+/// Whether `labels` satisfy an equality-based selector (`k=v`, `k==v`, `k!=v`, `k`, `!k`,
+/// comma-separated).
+fn selects(selector: &str, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .all(|term| {
+            if let Some((k, v)) = term.split_once("!=") {
+                labels.get(k.trim()).map(String::as_str) != Some(v.trim())
+            } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+                labels.get(k.trim()).map(String::as_str) == Some(v.trim())
+            } else if let Some(k) = term.strip_prefix('!') {
+                !labels.contains_key(k.trim())
+            } else {
+                labels.contains_key(term)
+            }
         })
+}
+
+fn pod(
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    owner: Option<&str>,
+) -> serde_json::Value {
+    let owners: Vec<serde_json::Value> = owner
+        .map(|set| json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set,
+            "uid": "6a3c0d4e-1f2a-4b5c-8d9e-0f1a2b3c4d5e", "controller": true, "blockOwnerDeletion": true}))
+        .into_iter()
         .collect();
-    // Another workload's pod in the namespace is not one of ours.
-    items.push(json!({"metadata": {"name": "web-7", "namespace": ns}, "spec": {}, "status": {"phase": "Running"}}));
+    json!({"metadata": {"name": name, "namespace": ns, "uid": format!("pod-{name}"),
+            "resourceVersion": "4240", "creationTimestamp": "2026-11-24T09:00:00Z",
+            "labels": labels, "ownerReferences": owners},
+        "spec": {"containers": [{"name": "etcd", "image": "etcd-steward:test"}],
+            "restartPolicy": "Always", "nodeName": "node-1"},
+        "status": {"phase": "Running", "podIP": "10.0.0.1", "hostIP": "10.1.0.1"}})
+}
+
+async fn pods(
+    State(shared): State<Arc<Shared>>,
+    Path(ns): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    answer(&shared, format!("/api/v1/namespaces/{ns}/pods"), &headers).await;
+    let (ordinals, stray) = {
+        let h = shared.held();
+        (h.pods.clone(), h.stray.clone())
+    };
+    let set = &shared.set;
+    let mut all: Vec<(String, BTreeMap<String, String>, Option<&str>)> = Vec::new();
+    if ns == shared.namespace {
+        for o in ordinals {
+            let mut labels = match_labels(set);
+            labels.insert("apps.kubernetes.io/pod-index".into(), o.to_string());
+            labels.insert(
+                "statefulset.kubernetes.io/pod-name".into(),
+                format!("{set}-{o}"),
+            );
+            all.push((format!("{set}-{o}"), labels, Some(set.as_str())));
+        }
+        if let Some(name) = stray {
+            let labels = BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "web".to_string()),
+                ("debug".to_string(), "true".to_string()),
+            ]);
+            all.push((name, labels, None));
+        }
+    }
+    let selector = query.get("labelSelector").map(String::as_str).unwrap_or("");
+    let items: Vec<serde_json::Value> = all
+        .iter()
+        .filter(|(_, labels, _)| selects(selector, labels))
+        .map(|(name, labels, owner)| pod(&ns, name, labels, *owner))
+        .collect();
     json_response(
         StatusCode::OK,
         json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4243"}, "items": items}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equality_selectors_select_by_every_term() {
+        let labels = BTreeMap::from([
+            ("app".to_string(), "etcd".to_string()),
+            ("tier".to_string(), "db".to_string()),
+        ]);
+        assert!(selects("", &labels));
+        assert!(selects("app=etcd", &labels));
+        assert!(selects("app==etcd,tier=db", &labels));
+        assert!(!selects("app=etcd,tier=web", &labels));
+        assert!(selects("app!=web", &labels));
+        assert!(selects("tier,!debug", &labels));
+        assert!(!selects("debug", &labels));
+    }
 }

@@ -9,7 +9,8 @@
 //! - [`dns`] (a loopback set's dnsmasq), [`pki`] (test certificates), [`etcd`] (which etcd
 //!   binary), [`client`] (etcd clients and the sidecar's HTTP), [`wait`], [`writer`]
 //!   (acknowledged writes), [`logs`], [`procs`]; [`chaos`]: seeded fault schedules and the
-//!   checker of what they left; [`fake_kube`]: a fake Kubernetes API for scale-in.
+//!   checker of what they left; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
+//!   pods) for scale-in.
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).

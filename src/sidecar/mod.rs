@@ -73,13 +73,22 @@ pub struct Sidecar<D, C: Connector, P> {
     init_metrics: InitMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
-    /// With `--scale-in`: the API's answers, and (identity, initial size, interval).
-    pub scale_in: Option<(
-        watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
-        crate::identity::Identity,
-        u32,
-        Duration,
-    )>,
+    /// With `--scale-in`: what the loop feeds the planner and tells the API's watcher.
+    pub scale_in: Option<ScaleInDuty>,
+}
+
+/// The sidecar's share of scale-in (see [`scale_in`]).
+pub struct ScaleInDuty {
+    /// The API's last answer, as [`scale_in::watch_workload`] publishes it.
+    pub answers: watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
+    /// Whether this pod's member leads, as the last observation saw: the watcher asks the
+    /// API only while it does.
+    pub leading: watch::Sender<bool>,
+    pub identity: crate::identity::Identity,
+    /// `--replicas`, the initial size.
+    pub initial: u32,
+    /// `--scale-in-interval`.
+    pub interval: Duration,
 }
 
 /// The sidecar's share of a recovery (see [`recovery`]).
@@ -215,9 +224,16 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
             seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
         }
-        if let Some((rx, identity, initial, interval)) = &self.scale_in {
-            seen.scale_in.workload = rx.borrow().clone();
-            let ask = plan::scale_in::voters_to_ask(identity, *initial, *interval, &seen);
+        if let Some(duty) = &self.scale_in {
+            let leads = matches!(&seen.local.status, Ok(s) if s.leader != 0 && s.leader == s.member_id && !s.is_learner);
+            duty.leading.send_if_modified(|held| {
+                let changed = *held != leads;
+                *held = leads;
+                changed
+            });
+            seen.scale_in.workload = duty.answers.borrow().clone();
+            let (identity, initial, interval) = (&duty.identity, duty.initial, duty.interval);
+            let ask = plan::scale_in::voters_to_ask(identity, initial, interval, &seen);
             if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
                 seen.scale_in.voters_answering = Some(
                     scale_in::answering_voters(&mut self.conn, &members, &ids, &seen.peers).await,
@@ -330,16 +346,24 @@ where
             tracing::error!(error = %e, "scale-in is off: the Kubernetes API client cannot be set up; members are removed only by hand");
         }
         if let Ok(api) = api {
-            let (tx, rx) = watch::channel(None);
+            let (tx, answers) = watch::channel(None);
+            let (leading, leading_rx) = watch::channel(false);
             tokio::spawn(scale_in::watch_workload(
                 api,
                 access.statefulset.clone(),
                 interval,
                 tx,
+                leading_rx,
                 stop.clone(),
             ));
-            sidecar.scale_in = Some((rx, cfg.identity.clone(), cfg.replicas, interval));
-            tracing::info!(api = %access.url, statefulset = %access.statefulset, "scale-in on: members of ordinals >= spec.replicas whose pods are gone are removed by the leader");
+            sidecar.scale_in = Some(ScaleInDuty {
+                answers,
+                leading,
+                identity: cfg.identity.clone(),
+                initial: cfg.replicas,
+                interval,
+            });
+            tracing::info!(api = %access.url, statefulset = %access.statefulset, "scale-in on: members of ordinals >= spec.replicas whose pods are gone are removed by the leader (only the leader's sidecar asks the API)");
         }
     }
     let mut state = AppState::new(
