@@ -29,8 +29,13 @@ const SPAN: Duration = Duration::from_secs(25);
 const RESULTS_HEADER: &str =
     "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\n";
 
-/// Seeds CI replays on Docker pods.
-const FIXED_SEEDS: &[(u64, Etcd)] = &[(11, Etcd::V3_5), (12, Etcd::V3_4)];
+/// Seeds CI replays on Docker pods. 459660014594 found the runner applying a pod's next
+/// fault while its deferred volume loss was still unhealed.
+const FIXED_SEEDS: &[(u64, Etcd)] = &[
+    (11, Etcd::V3_5),
+    (12, Etcd::V3_4),
+    (459660014594, Etcd::V3_5),
+];
 
 async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>) {
     let schedule = Schedule::generate(seed, 3, FAULTS, SPAN);
