@@ -176,6 +176,12 @@ impl ApiWorkload {
             config.root_cert = Some(ca_certificates(&access.ca_file)?);
             // kube re-reads it about once a minute: the CA rotates like the token.
             config.root_cert_file = Some(access.ca_file.clone());
+        } else {
+            // Plain http carries no TLS, but kube sets its TLS up anyway, from the system's
+            // trust store when given no CA: an image built FROM scratch has none, and the
+            // set-up failed ("No CA certificates were loaded from the system"). An empty
+            // store is never used.
+            config.root_cert = Some(Vec::new());
         }
         Ok(ApiWorkload {
             access: access.clone(),
