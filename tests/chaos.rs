@@ -45,6 +45,7 @@ async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>)
     let schedule = Schedule::generate(seed, 3, FAULTS, SPAN);
     eprintln!("{schedule}");
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    chaos::prepare(&mut set, &schedule).unwrap();
     set.start_all(WAIT).await.unwrap();
     set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
     let outcome = chaos::run(&mut set, &schedule).await;
@@ -57,6 +58,51 @@ async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>)
     });
     set.shutdown().await;
     (outcome, failure)
+}
+
+/// The partition fault itself: a cut pod loses its peers (no leader, no linearizable read)
+/// while a client still reaches it (a serializable read answers), the others keep a quorum,
+/// and healing joins it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_pod_loses_its_peers_but_not_its_clients_and_rejoins_when_healed() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
+    set.enable_partitions().unwrap();
+    set.start_all(WAIT).await.unwrap();
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    let cut = set.leader().await.unwrap();
+    set.partition(cut, true).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let others_serve = set
+            .all_linearizable(&[(cut + 1) % 3, (cut + 2) % 3], 3)
+            .await;
+        if !set.linearizable_ok(cut).await && others_serve {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod {cut} still served linearizable reads (or the others lost quorum) after being cut off\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut c = set.client(cut).await.unwrap();
+    let serializable = etcd_client::GetOptions::new().with_serializable();
+    c.get("any", Some(serializable))
+        .await
+        .expect("a client still reaches the cut pod");
+    set.partition(cut, false).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set.all_linearizable(&[0, 1, 2], 3).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod {cut} did not rejoin once healed\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    set.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::GetOptions;
@@ -67,13 +68,23 @@ pub enum Fault {
     LoseVolume(u32),
     /// Every pod killed, then started again in this order when healed.
     RestartAll(Vec<u32>),
+    /// The pod cut from the other pods (both directions) while clients still reach it;
+    /// joined again when healed.
+    Partition(u32),
+    /// The pod's volume filled up: etcd's next write that needs space fails (ENOSPC);
+    /// emptied of the filler when healed.
+    FillDisk(u32),
 }
 
 impl Fault {
     /// The pods whose etcd cannot serve while the fault lasts.
     pub fn pods_down(&self) -> Vec<u32> {
         match self {
-            Fault::KillPod(o) | Fault::Pause(o) | Fault::LoseVolume(o) => vec![*o],
+            Fault::KillPod(o)
+            | Fault::Pause(o)
+            | Fault::LoseVolume(o)
+            | Fault::Partition(o)
+            | Fault::FillDisk(o) => vec![*o],
             Fault::RestartAll(order) => order.clone(),
             Fault::KillSidecar(_) | Fault::WithdrawDns(_) => Vec::new(),
         }
@@ -85,7 +96,9 @@ impl Fault {
             | Fault::KillSidecar(o)
             | Fault::Pause(o)
             | Fault::WithdrawDns(o)
-            | Fault::LoseVolume(o) => Some(*o),
+            | Fault::LoseVolume(o)
+            | Fault::Partition(o)
+            | Fault::FillDisk(o) => Some(*o),
             Fault::RestartAll(_) => None,
         }
     }
@@ -100,6 +113,8 @@ impl fmt::Display for Fault {
             Fault::WithdrawDns(o) => write!(f, "withdraw pod {o}'s DNS name"),
             Fault::LoseVolume(o) => write!(f, "lose pod {o}'s volume"),
             Fault::RestartAll(order) => write!(f, "restart every pod, in order {order:?}"),
+            Fault::Partition(o) => write!(f, "cut pod {o} from its peers"),
+            Fault::FillDisk(o) => write!(f, "fill pod {o}'s volume"),
         }
     }
 }
@@ -140,13 +155,15 @@ impl Schedule {
             attempts += 1;
             let at = rng.below(span_ms + 1);
             let o = rng.below(u64::from(pods)) as u32;
-            let (fault, lasts) = match rng.below(12) {
+            let (fault, lasts) = match rng.below(16) {
                 0..=2 => (Fault::KillPod(o), rng.millis(300, 4000)),
                 3..=4 => (Fault::KillSidecar(o), rng.millis(200, 3000)),
                 5..=6 => (Fault::Pause(o), rng.millis(300, 4000)),
                 7..=8 => (Fault::WithdrawDns(o), rng.millis(300, 4000)),
                 9..=10 if !volume_lost => (Fault::LoseVolume(o), rng.millis(300, 2000)),
                 9..=10 => continue,
+                12..=13 => (Fault::Partition(o), rng.millis(500, 5000)),
+                14..=15 => (Fault::FillDisk(o), rng.millis(500, 4000)),
                 _ => {
                     let mut order: Vec<u32> = (0..pods).collect();
                     for i in (1..order.len()).rev() {
@@ -178,6 +195,21 @@ impl Schedule {
         }
         events.sort_by_key(|e| e.at);
         Schedule { seed, pods, events }
+    }
+
+    /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
+    /// size-limited: [`Set::limit_volumes`]).
+    pub fn fills_disks(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.fault, Fault::FillDisk(_)))
+    }
+
+    /// Whether a fault of the schedule partitions a pod ([`Set::enable_partitions`]).
+    pub fn partitions(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.fault, Fault::Partition(_)))
     }
 
     /// The longest stretch during which a majority of the pods could not serve: writes
@@ -253,6 +285,11 @@ pub struct Outcome {
     pub replaced: Vec<u32>,
     /// Whether every pod was back as a ready voter within the bound after healing.
     pub recovered: bool,
+    /// How many sentinels were planted in live data directories (and checked).
+    pub sentinels: usize,
+    /// Sentinels planted in a pod's live data that are nowhere on its volume any more (not
+    /// live, not set aside) although the schedule never lost that volume: data deleted.
+    pub deleted: Vec<(u32, String)>,
     /// The longest stretch the faults explain.
     pub explained_outage: Duration,
 }
@@ -295,6 +332,11 @@ impl Outcome {
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
         }
+        for (o, name) in &self.deleted {
+            v.push(format!(
+                "pod {o}'s data directory was deleted, not set aside: sentinel {name} planted in its live data is nowhere on its volume"
+            ));
+        }
         if self.writes.max_gap > self.explained_outage + OUTAGE_SLACK {
             v.push(format!(
                 "writes refused for {:?} (ending {:?} after the start; last error: {}), the faults explain {:?}",
@@ -330,7 +372,101 @@ impl Outcome {
 /// How long every pod may take to be a ready voter again once everything is healed.
 pub const RECOVERY_BOUND: Duration = Duration::from_secs(90);
 
+/// The prefix of the sentinel files the runner plants in live data directories.
+pub const SENTINEL_PREFIX: &str = "chaos-sentinel-";
+
+/// Uniquely named files planted in every pod's live data (`member/`, which the agent renames
+/// aside as a whole and etcd never reads: the agent's view of "has data" is the WAL), so
+/// that a data directory deleted rather than set aside is seen.
+#[derive(Debug, Default)]
+pub struct Sentinels {
+    seed: u64,
+    /// Pod, name, and whether the schedule lost the pod's volume since it was planted.
+    planted: Vec<(u32, String, bool)>,
+}
+
+impl Sentinels {
+    /// None planted yet, for the schedule of `seed`.
+    pub fn new(seed: u64) -> Sentinels {
+        Sentinels {
+            seed,
+            planted: Vec::new(),
+        }
+    }
+
+    /// Plants a sentinel in `volume/member` when that live data directory exists and holds
+    /// none yet.
+    pub fn plant(&mut self, o: u32, volume: &Path) {
+        let member = volume.join("member");
+        let Ok(entries) = std::fs::read_dir(&member) else {
+            return;
+        };
+        let marked = entries
+            .filter_map(std::result::Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with(SENTINEL_PREFIX));
+        if marked {
+            return;
+        }
+        let name = format!("{SENTINEL_PREFIX}{}-{o}-{}", self.seed, self.planted.len());
+        // No create_dir: when `member/` just went aside, nothing is planted.
+        if std::fs::write(member.join(&name), b"planted by the chaos runner\n").is_ok() {
+            self.planted.push((o, name, false));
+        }
+    }
+
+    /// Pod `o`'s volume is lost on purpose: what it held is exempt.
+    pub fn volume_lost(&mut self, o: u32) {
+        for (p, _, lost) in &mut self.planted {
+            if *p == o {
+                *lost = true;
+            }
+        }
+    }
+
+    /// How many were planted.
+    pub fn count(&self) -> usize {
+        self.planted.len()
+    }
+
+    /// The sentinels of volumes never lost that are nowhere under their pod's volume.
+    pub fn missing(&self, volume_of: impl Fn(u32) -> PathBuf) -> Vec<(u32, String)> {
+        self.planted
+            .iter()
+            .filter(|(o, name, lost)| !lost && !holds(&volume_of(*o), name))
+            .map(|(o, name, _)| (*o, name.clone()))
+            .collect()
+    }
+}
+
+/// Whether a file `name` is anywhere under `dir`.
+fn holds(dir: &Path, name: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(std::result::Result::ok).any(|e| {
+        e.file_name() == name || (e.file_type().is_ok_and(|t| t.is_dir()) && holds(&e.path(), name))
+    })
+}
+
+/// Readies `set` (built, not started) for `schedule`: size-limited volumes when it fills a
+/// disk, partitions when it cuts a pod off.
+pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
+    if schedule.fills_disks() {
+        set.limit_volumes(VOLUME_MIB)?;
+    }
+    if schedule.partitions() {
+        set.enable_partitions()?;
+    }
+    Ok(())
+}
+
+/// The size of a volume that can be filled: room for etcd's preallocated 64 MiB WAL
+/// segment, a second one and the database.
+pub const VOLUME_MIB: u32 = 256;
+
 enum Heal {
+    Partition(u32),
+    Free(u32),
     Start(u32),
     StartSidecar(u32),
     Resume(u32),
@@ -360,8 +496,12 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut lost_ids: Vec<u64> = Vec::new();
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
     let mut applied = 0;
+    let mut sentinels = Sentinels::new(schedule.seed);
     let mut events = schedule.events.iter().peekable();
     loop {
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
         let now = started.elapsed();
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
         pending.sort_by_key(|(t, _)| *t);
@@ -392,6 +532,9 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                             wiped.insert(o);
                         }
                     }
+                    if matches!(e.fault, Fault::LoseVolume(_)) {
+                        sentinels.volume_lost(o);
+                    }
                 }
                 let heal = apply_fault(set, &e.fault, &mut paused).await;
                 pending.push((started.elapsed() + e.lasts, heal));
@@ -410,6 +553,9 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut recovered = false;
     while Instant::now() < deadline {
         let _ = set.restart_exited();
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
         if set.all_linearizable(&pods, pods.len()).await && set.all_ready(&pods).await {
             recovered = true;
             break;
@@ -440,6 +586,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             _ => {}
         }
     }
+    let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
     Outcome {
         seed: schedule.seed,
         faults: applied,
@@ -449,6 +596,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         reused_ids,
         replaced,
         recovered,
+        sentinels: sentinels.count(),
+        deleted,
         explained_outage: schedule.longest_quorum_loss(),
     }
 }
@@ -477,8 +626,24 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
         }
         Fault::LoseVolume(o) => {
             let _ = set.kill(*o).await;
-            let _ = set.wipe(*o);
+            if set.wipe(*o).is_err() {
+                // A size-limited volume is a mount point: emptied, not removed.
+                let _ = set.wipe_contents(*o);
+            }
             Heal::Start(*o)
+        }
+        Fault::Partition(o) => {
+            if let Err(e) = set.partition(*o, true) {
+                eprintln!("chaos: cutting pod {o} off failed: {e}");
+            }
+            Heal::Partition(*o)
+        }
+        Fault::FillDisk(o) => {
+            match set.fill_volume(*o) {
+                Ok(n) => eprintln!("chaos: pod {o}'s volume full ({} MiB of filler)", n >> 20),
+                Err(e) => eprintln!("chaos: filling pod {o}'s volume failed: {e}"),
+            }
+            Heal::Free(*o)
         }
         Fault::RestartAll(order) => {
             for o in order {
@@ -491,6 +656,16 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
 
 fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
     match heal {
+        Heal::Partition(o) => {
+            if let Err(e) = set.partition(o, false) {
+                eprintln!("chaos: healing pod {o}'s partition failed: {e}");
+            }
+        }
+        Heal::Free(o) => {
+            if let Err(e) = set.free_volume(o) {
+                eprintln!("chaos: freeing pod {o}'s volume failed: {e}");
+            }
+        }
         Heal::Start(o) => {
             let _ = set.start(o);
         }
@@ -527,6 +702,7 @@ async fn missing_writes(set: &Set, o: u32, acked: u64) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -609,6 +785,8 @@ mod tests {
             reused_ids: vec![],
             replaced: vec![],
             recovered: true,
+            sentinels: 3,
+            deleted: vec![],
             explained_outage: Duration::ZERO,
         };
         assert!(clean.violations().is_empty());
@@ -622,5 +800,59 @@ mod tests {
         assert_eq!(v.len(), 4, "{v:?}");
         assert_eq!(bad.lost(), 4);
         assert!(bad.tsv_line().ends_with("\tFAILED"));
+        let mut deleted = clean.clone();
+        deleted.deleted.push((2, "chaos-sentinel-1-2-0".into()));
+        let v = deleted.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("pod 2") && v[0].contains("chaos-sentinel-1-2-0"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_sentinel_travels_with_data_set_aside_and_is_missed_when_data_is_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = |o: u32| root.path().join(format!("pod-{o}"));
+        for o in 0..3 {
+            std::fs::create_dir_all(vol(o).join("member/wal")).unwrap();
+        }
+        let mut s = Sentinels::new(5);
+        for o in 0..3 {
+            s.plant(o, &vol(o));
+            s.plant(o, &vol(o));
+        }
+        assert_eq!(s.count(), 3, "one sentinel per live data directory");
+        // Pod 0's data set aside the way the agent does it (member/ renamed).
+        std::fs::create_dir_all(vol(0).join("set-aside/7-removed-member")).unwrap();
+        std::fs::rename(
+            vol(0).join("member"),
+            vol(0).join("set-aside/7-removed-member/member"),
+        )
+        .unwrap();
+        // Pod 1's data deleted; pod 2's volume lost on purpose.
+        std::fs::remove_dir_all(vol(1).join("member")).unwrap();
+        std::fs::remove_dir_all(vol(2).join("member")).unwrap();
+        s.volume_lost(2);
+        assert_eq!(
+            s.missing(vol),
+            vec![(1, "chaos-sentinel-5-1-1".to_string())]
+        );
+        // A fresh member/ on pod 0 gets a sentinel of its own.
+        std::fs::create_dir_all(vol(0).join("member")).unwrap();
+        s.plant(0, &vol(0));
+        assert_eq!(s.count(), 4);
+    }
+
+    #[test]
+    fn the_new_faults_appear_and_count_as_down() {
+        let all: Vec<Fault> = (0..50)
+            .flat_map(|seed| Schedule::generate(seed, 3, 8, Duration::from_secs(20)).events)
+            .map(|e| e.fault)
+            .collect();
+        assert!(all.iter().any(|f| matches!(f, Fault::Partition(_))));
+        assert!(all.iter().any(|f| matches!(f, Fault::FillDisk(_))));
+        assert_eq!(Fault::Partition(1).pods_down(), vec![1]);
+        assert_eq!(Fault::FillDisk(2).pods_down(), vec![2]);
     }
 }
