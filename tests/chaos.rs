@@ -117,7 +117,20 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
             o.faults >= FAULTS - 1,
             "seed {seed}: the faults were applied"
         );
-        eprintln!("seed {seed} on {etcd:?}: {}", o.tsv_line());
+        assert!(
+            o.sentinels >= 3,
+            "seed {seed}: every live data directory got a sentinel"
+        );
+        eprintln!(
+            "seed {seed} on {etcd:?}: {} ({} sentinels checked, {} ENOSPC log lines, backups {:?})",
+            o.tsv_line(),
+            o.sentinels,
+            o.enospc_lines,
+            o.backups
+                .iter()
+                .map(|b| (b.pod, b.exited_ok, b.verified, b.error.as_str()))
+                .collect::<Vec<_>>()
+        );
     }
 }
 

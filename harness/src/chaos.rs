@@ -74,6 +74,9 @@ pub enum Fault {
     /// The pod's volume filled up: etcd's next write that needs space fails (ENOSPC);
     /// emptied of the filler when healed.
     FillDisk(u32),
+    /// Not a fault: the one-shot `etcd-steward backup` run in the pod, into the set's
+    /// `file://` store, while whatever else happens; it overlaps any fault.
+    Backup(u32),
 }
 
 impl Fault {
@@ -86,7 +89,7 @@ impl Fault {
             | Fault::Partition(o)
             | Fault::FillDisk(o) => vec![*o],
             Fault::RestartAll(order) => order.clone(),
-            Fault::KillSidecar(_) | Fault::WithdrawDns(_) => Vec::new(),
+            Fault::KillSidecar(_) | Fault::WithdrawDns(_) | Fault::Backup(_) => Vec::new(),
         }
     }
 
@@ -98,7 +101,8 @@ impl Fault {
             | Fault::WithdrawDns(o)
             | Fault::LoseVolume(o)
             | Fault::Partition(o)
-            | Fault::FillDisk(o) => Some(*o),
+            | Fault::FillDisk(o)
+            | Fault::Backup(o) => Some(*o),
             Fault::RestartAll(_) => None,
         }
     }
@@ -115,6 +119,7 @@ impl fmt::Display for Fault {
             Fault::RestartAll(order) => write!(f, "restart every pod, in order {order:?}"),
             Fault::Partition(o) => write!(f, "cut pod {o} from its peers"),
             Fault::FillDisk(o) => write!(f, "fill pod {o}'s volume"),
+            Fault::Backup(o) => write!(f, "back up through pod {o}"),
         }
     }
 }
@@ -191,6 +196,17 @@ impl Schedule {
                 at: Duration::from_millis(at),
                 lasts,
                 fault,
+            });
+        }
+        // Backups come from draws after the faults' (a schedule's faults do not depend on
+        // them) and overlap anything.
+        for _ in 0..rng.below(3) {
+            let at = Duration::from_millis(rng.below(span_ms + 1));
+            let o = rng.below(u64::from(pods)) as u32;
+            events.push(Event {
+                at,
+                lasts: Duration::ZERO,
+                fault: Fault::Backup(o),
             });
         }
         events.sort_by_key(|e| e.at);
@@ -290,8 +306,64 @@ pub struct Outcome {
     /// Sentinels planted in a pod's live data that are nowhere on its volume any more (not
     /// live, not set aside) although the schedule never lost that volume: data deleted.
     pub deleted: Vec<(u32, String)>,
+    /// Lines of the pods' logs (etcd's and the agent's) that report ENOSPC: evidence that a
+    /// filled disk was felt.
+    pub enospc_lines: usize,
+    /// The backups taken during the faults, and the one taken after healing (last).
+    pub backups: Vec<BackupTaken>,
     /// The longest stretch the faults explain.
     pub explained_outage: Duration,
+}
+
+/// What one run of `etcd-steward backup` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupTaken {
+    /// Through which pod.
+    pub pod: u32,
+    /// Taken after everything was healed (it must succeed), not during the faults.
+    pub after_healing: bool,
+    /// It exited 0.
+    pub exited_ok: bool,
+    /// The manifest it printed says the snapshot verified (etcd's SHA-256 trailer matched).
+    pub verified: bool,
+    /// The cluster ID of the manifest.
+    pub cluster: Option<u64>,
+    /// Its error output (last line), when it failed.
+    pub error: String,
+}
+
+impl BackupTaken {
+    fn from_output(pod: u32, after_healing: bool, out: Option<std::process::Output>) -> Self {
+        let Some(out) = out else {
+            return BackupTaken {
+                pod,
+                after_healing,
+                exited_ok: false,
+                verified: false,
+                cluster: None,
+                error: "did not end within its time-out".into(),
+            };
+        };
+        let manifest: Option<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        BackupTaken {
+            pod,
+            after_healing,
+            exited_ok: out.status.success(),
+            verified: manifest
+                .as_ref()
+                .and_then(|m| m["verified"].as_bool())
+                .unwrap_or(false),
+            cluster: manifest
+                .as_ref()
+                .and_then(|m| m["cluster_id"].as_str())
+                .and_then(|c| u64::from_str_radix(c, 16).ok()),
+            error: stderr.lines().last().unwrap_or_default().to_string(),
+        }
+    }
 }
 
 /// How much longer than a quorum loss writes may be refused: an election, a restart and a
@@ -332,6 +404,24 @@ impl Outcome {
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
         }
+        for b in &self.backups {
+            let ours = b.cluster.is_some_and(|c| self.clusters.contains(&c));
+            if b.exited_ok && !(b.verified && ours) {
+                v.push(format!(
+                    "a backup through pod {} exited 0 with a snapshot that is not a verified one of this cluster: {b:?}",
+                    b.pod
+                ));
+            }
+            if b.after_healing && !b.exited_ok {
+                v.push(format!(
+                    "the backup through pod {} after healing failed: {}",
+                    b.pod, b.error
+                ));
+            }
+        }
+        if !self.backups.iter().any(|b| b.after_healing) {
+            v.push("no backup was taken after healing".into());
+        }
         for (o, name) in &self.deleted {
             v.push(format!(
                 "pod {o}'s data directory was deleted, not set aside: sentinel {name} planted in its live data is nowhere on its volume"
@@ -368,6 +458,9 @@ impl Outcome {
         )
     }
 }
+
+/// How long a backup may take before it counts as failed.
+pub const BACKUP_TIME_OUT: Duration = Duration::from_secs(60);
 
 /// How long every pod may take to be a ready voter again once everything is healed.
 pub const RECOVERY_BOUND: Duration = Duration::from_secs(90);
@@ -465,6 +558,8 @@ pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
 pub const VOLUME_MIB: u32 = 256;
 
 enum Heal {
+    /// A backup (the runner starts it itself): nothing to heal.
+    Nothing,
     Partition(u32),
     Free(u32),
     Start(u32),
@@ -497,6 +592,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
     let mut applied = 0;
     let mut sentinels = Sentinels::new(schedule.seed);
+    let store = format!("file://{}", set.root().join("backups").display());
+    let mut backups_running = Vec::new();
     let mut events = schedule.events.iter().peekable();
     loop {
         for o in &pods {
@@ -524,6 +621,15 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                     continue;
                 }
                 let e = events.next().cloned().unwrap_or_else(|| unreachable!());
+                if let Fault::Backup(o) = e.fault {
+                    eprintln!("chaos: {}", e.fault);
+                    let mut cmd = set.steward_in(o, &["backup", "--backup-url", &store]);
+                    match cmd.kill_on_drop(true).spawn() {
+                        Ok(child) => backups_running.push((o, child)),
+                        Err(err) => eprintln!("chaos: starting a backup failed: {err}"),
+                    }
+                    continue;
+                }
                 let o = e.fault.pod();
                 if let Some(o) = o {
                     if let Ok(id) = set.member_id(o).await {
@@ -568,6 +674,25 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             .await;
     }
     let writes = writer.stop().await;
+    let mut backups = Vec::new();
+    for (o, child) in backups_running {
+        let out = tokio::time::timeout(BACKUP_TIME_OUT, child.wait_with_output()).await;
+        backups.push(BackupTaken::from_output(
+            o,
+            false,
+            out.ok().and_then(std::result::Result::ok),
+        ));
+    }
+    let last = set
+        .steward_in(0, &["backup", "--backup-url", &store])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(BACKUP_TIME_OUT, last).await;
+    backups.push(BackupTaken::from_output(
+        0,
+        true,
+        out.ok().and_then(std::result::Result::ok),
+    ));
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();
     clusters.extend(cluster_before);
@@ -587,6 +712,18 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         }
     }
     let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
+    let mut enospc_lines = 0;
+    for o in &pods {
+        let logs = set.logs(*o);
+        let full: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("no space left on device"))
+            .collect();
+        if let Some(first) = full.first() {
+            eprintln!("chaos: pod {o} felt a full disk: {first}");
+        }
+        enospc_lines += full.len();
+    }
     Outcome {
         seed: schedule.seed,
         faults: applied,
@@ -598,6 +735,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         recovered,
         sentinels: sentinels.count(),
         deleted,
+        enospc_lines,
+        backups,
         explained_outage: schedule.longest_quorum_loss(),
     }
 }
@@ -632,6 +771,7 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
             }
             Heal::Start(*o)
         }
+        Fault::Backup(_) => Heal::Nothing,
         Fault::Partition(o) => {
             if let Err(e) = set.partition(*o, true) {
                 eprintln!("chaos: cutting pod {o} off failed: {e}");
@@ -656,6 +796,7 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
 
 fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
     match heal {
+        Heal::Nothing => {}
         Heal::Partition(o) => {
             if let Err(e) = set.partition(o, false) {
                 eprintln!("chaos: healing pod {o}'s partition failed: {e}");
@@ -713,7 +854,12 @@ mod tests {
         let c = Schedule::generate(8, 3, 8, Duration::from_secs(20));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_eq!(a.events.len(), 8);
+        let faults = a
+            .events
+            .iter()
+            .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+            .count();
+        assert_eq!(faults, 8);
     }
 
     #[test]
@@ -726,8 +872,13 @@ mod tests {
                 .filter(|e| matches!(e.fault, Fault::LoseVolume(_)))
                 .count();
             assert!(losses <= 1, "{s}");
-            for (i, a) in s.events.iter().enumerate() {
-                for b in &s.events[i + 1..] {
+            let faults: Vec<&Event> = s
+                .events
+                .iter()
+                .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+                .collect();
+            for (i, a) in faults.iter().enumerate() {
+                for b in &faults[i + 1..] {
                     let overlap = b.at < a.at + a.lasts && a.at < b.at + b.lasts;
                     let shared = match (a.fault.pod(), b.fault.pod()) {
                         (Some(x), Some(y)) => x == y,
@@ -787,6 +938,15 @@ mod tests {
             recovered: true,
             sentinels: 3,
             deleted: vec![],
+            enospc_lines: 0,
+            backups: vec![BackupTaken {
+                pod: 0,
+                after_healing: true,
+                exited_ok: true,
+                verified: true,
+                cluster: Some(9),
+                error: String::new(),
+            }],
             explained_outage: Duration::ZERO,
         };
         assert!(clean.violations().is_empty());
@@ -808,6 +968,27 @@ mod tests {
             v[0].contains("pod 2") && v[0].contains("chaos-sentinel-1-2-0"),
             "{v:?}"
         );
+        // A backup during the faults may fail (said so); one that exits 0 must be a
+        // verified snapshot of this cluster, and the one after healing must succeed.
+        let mut backups = clean.clone();
+        backups.backups.push(BackupTaken {
+            pod: 1,
+            after_healing: false,
+            exited_ok: false,
+            verified: false,
+            cluster: None,
+            error: "no quorum".into(),
+        });
+        assert!(
+            backups.violations().is_empty(),
+            "{:?}",
+            backups.violations()
+        );
+        backups.backups[1].exited_ok = true;
+        backups.backups[0].exited_ok = false;
+        assert_eq!(backups.violations().len(), 2, "{:?}", backups.violations());
+        backups.backups.clear();
+        assert_eq!(backups.violations().len(), 1, "{:?}", backups.violations());
     }
 
     #[test]
