@@ -37,6 +37,7 @@ const FIXED_SEEDS: &[(u64, Etcd)] = &[
     (2, Etcd::V3_4),
     (3, Etcd::V3_5),
     (4, Etcd::V3_5Current),
+    (8, Etcd::V3_4),
 ];
 
 /// Plays the schedule of `seed`; the outcome, and what the checker found wrong said with
@@ -122,10 +123,11 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
             "seed {seed}: every live data directory got a sentinel"
         );
         eprintln!(
-            "seed {seed} on {etcd:?}: {} ({} sentinels checked, {} ENOSPC log lines, backups {:?})",
+            "seed {seed} on {etcd:?}: {} ({} sentinels checked, {} ENOSPC log lines, {} defragmentations, backups {:?})",
             o.tsv_line(),
             o.sentinels,
             o.enospc_lines,
+            o.defrags,
             o.backups
                 .iter()
                 .map(|b| (b.pod, b.exited_ok, b.verified, b.error.as_str()))

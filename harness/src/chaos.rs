@@ -144,7 +144,14 @@ pub struct Schedule {
     pub pods: u32,
     /// The events, by time.
     pub events: Vec<Event>,
+    /// The sidecars defragment their members whenever any space is free
+    /// ([`DEFRAG_THRESHOLD`]; each at most once a minute, one member at a time, only while
+    /// every member answers), so that defragmentations happen during the faults.
+    pub defrag: bool,
 }
+
+/// `--defrag-threshold` of a schedule that defragments: any free space at all.
+pub const DEFRAG_THRESHOLD: &str = "--defrag-threshold=1%,1B";
 
 impl Schedule {
     /// `faults` faults over about `span`, from `seed`. Faults overlap; a pod carries at most
@@ -209,8 +216,14 @@ impl Schedule {
                 fault: Fault::Backup(o),
             });
         }
+        let defrag = rng.below(2) == 0;
         events.sort_by_key(|e| e.at);
-        Schedule { seed, pods, events }
+        Schedule {
+            seed,
+            pods,
+            events,
+            defrag,
+        }
     }
 
     /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
@@ -268,6 +281,9 @@ impl Schedule {
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "schedule of seed {}:", self.seed)?;
+        if self.defrag {
+            writeln!(f, "  sidecars with {DEFRAG_THRESHOLD} throughout")?;
+        }
         for e in &self.events {
             writeln!(
                 f,
@@ -311,6 +327,9 @@ pub struct Outcome {
     pub enospc_lines: usize,
     /// The backups taken during the faults, and the one taken after healing (last).
     pub backups: Vec<BackupTaken>,
+    /// Defragmentations the sidecars counted (`etcd_steward_defrag_total`, read about once
+    /// a second and summed over sidecar restarts: at least this many).
+    pub defrags: u64,
     /// The longest stretch the faults explain.
     pub explained_outage: Duration,
 }
@@ -459,6 +478,52 @@ impl Outcome {
     }
 }
 
+/// `etcd_steward_defrag_total` of every sidecar, summed over restarts (a restarted
+/// sidecar counts from zero again).
+struct DefragCount {
+    before_restarts: Vec<u64>,
+    last: Vec<u64>,
+}
+
+impl DefragCount {
+    fn new(pods: usize) -> DefragCount {
+        DefragCount {
+            before_restarts: vec![0; pods],
+            last: vec![0; pods],
+        }
+    }
+
+    async fn sample(&mut self, set: &Set) {
+        for o in 0..self.last.len() {
+            // Briefly: the runner's timeline must not wait on a sidecar.
+            let answer =
+                tokio::time::timeout(Duration::from_millis(300), set.http(o as u32, "/metrics"));
+            let Ok(Some((200, text))) = answer.await else {
+                continue;
+            };
+            let Some(now) = metric(&text, "etcd_steward_defrag_total") else {
+                continue;
+            };
+            if now < self.last[o] {
+                self.before_restarts[o] += self.last[o];
+            }
+            self.last[o] = now;
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.before_restarts.iter().sum::<u64>() + self.last.iter().sum::<u64>()
+    }
+}
+
+/// A counter's value in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
 /// How long a backup may take before it counts as failed.
 pub const BACKUP_TIME_OUT: Duration = Duration::from_secs(60);
 
@@ -550,6 +615,9 @@ pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
     if schedule.partitions() {
         set.enable_partitions()?;
     }
+    if schedule.defrag {
+        set.extra_args.push(DEFRAG_THRESHOLD.into());
+    }
     Ok(())
 }
 
@@ -594,12 +662,18 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut sentinels = Sentinels::new(schedule.seed);
     let store = format!("file://{}", set.root().join("backups").display());
     let mut backups_running = Vec::new();
+    let mut defrags = DefragCount::new(pods.len());
+    let mut next_sample = Duration::ZERO;
     let mut events = schedule.events.iter().peekable();
     loop {
         for o in &pods {
             sentinels.plant(*o, set.data_dir(*o));
         }
         let now = started.elapsed();
+        if schedule.defrag && now >= next_sample {
+            defrags.sample(set).await;
+            next_sample = now + Duration::from_secs(1);
+        }
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
         pending.sort_by_key(|(t, _)| *t);
         while pending.first().is_some_and(|(t, _)| *t <= now) {
@@ -674,6 +748,9 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             .await;
     }
     let writes = writer.stop().await;
+    if schedule.defrag {
+        defrags.sample(set).await;
+    }
     let mut backups = Vec::new();
     for (o, child) in backups_running {
         let out = tokio::time::timeout(BACKUP_TIME_OUT, child.wait_with_output()).await;
@@ -737,6 +814,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         deleted,
         enospc_lines,
         backups,
+        defrags: defrags.total(),
         explained_outage: schedule.longest_quorum_loss(),
     }
 }
@@ -900,6 +978,7 @@ mod tests {
         let s = Schedule {
             seed: 0,
             pods: 3,
+            defrag: false,
             events: vec![
                 ev(0, 1000, Fault::KillPod(0)),
                 ev(600, 1000, Fault::Pause(1)),
@@ -911,6 +990,7 @@ mod tests {
         let none = Schedule {
             seed: 0,
             pods: 3,
+            defrag: false,
             events: vec![
                 ev(0, 1000, Fault::KillSidecar(0)),
                 ev(0, 1000, Fault::Pause(1)),
@@ -939,6 +1019,7 @@ mod tests {
             sentinels: 3,
             deleted: vec![],
             enospc_lines: 0,
+            defrags: 0,
             backups: vec![BackupTaken {
                 pod: 0,
                 after_healing: true,
