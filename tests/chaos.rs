@@ -1,9 +1,11 @@
 //! Randomized fault schedules (`harness::chaos`) on loopback pods running real etcd under a
 //! steady writer: overlapping pod kills, sidecar kills, paused etcds, withdrawn DNS names,
-//! one lost volume and restarts of every pod, then everything healed and checked — no
-//! acknowledged write lost (linearizable reads through every member), one cluster ID, no
-//! member ID reused after a volume loss, every pod back as a ready voter, writes refused no
-//! longer than the faults explain.
+//! one lost volume, restarts of every pod, pods cut from their peers, full disks, with
+//! backups taken and (in half the schedules) defragmentations running meanwhile; then
+//! everything healed and checked — no acknowledged write lost (linearizable reads through
+//! every member), one cluster ID, no member ID reused after a volume loss, no data directory
+//! deleted (only set aside), every pod back as a ready voter, writes refused no longer than
+//! the faults explain, every backup that succeeded verified and one after healing succeeding.
 //!
 //! The fixed seeds run in CI. `open_ended_schedules_append_to_the_results_file` runs as many
 //! schedules as asked and appends one line per schedule to `chaos-results.tsv` (see
@@ -28,7 +30,11 @@ const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 const FAULTS: usize = 7;
 const RESULTS_HEADER: &str =
-    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\n";
+    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\tgenerator\n";
+/// The generation of `Schedule::generate` (1: no partitions, full disks, backups or
+/// defragmentation; lines without the column). A seed replays its schedule only under the
+/// generator that wrote its line.
+const GENERATOR: u32 = 2;
 const SPAN: Duration = Duration::from_secs(20);
 
 /// Seeds CI replays, each against one etcd release (every release sees some).
@@ -167,7 +173,7 @@ async fn open_ended_schedules_append_to_the_results_file() {
             .append(true)
             .open(path)
             .unwrap();
-        writeln!(f, "{}\t{etcd:?}", o.tsv_line()).unwrap();
+        writeln!(f, "{}\t{etcd:?}\t{GENERATOR}", o.tsv_line()).unwrap();
         if let Some(failure) = failure {
             panic!("{failure}");
         }
