@@ -706,13 +706,12 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                 }
                 let o = e.fault.pod();
                 if let Some(o) = o {
-                    if let Ok(id) = set.member_id(o).await {
-                        if matches!(e.fault, Fault::LoseVolume(_)) {
-                            lost_ids.push(id);
-                            wiped.insert(o);
-                        }
-                    }
                     if matches!(e.fault, Fault::LoseVolume(_)) {
+                        if let Ok(id) = set.member_id(o).await {
+                            lost_ids.push(id);
+                        }
+                        // Lost whether or not its member answered just now.
+                        wiped.insert(o);
                         sentinels.volume_lost(o);
                     }
                 }
