@@ -1,9 +1,11 @@
 //! Randomized fault schedules (`harness::chaos`) on loopback pods running real etcd under a
 //! steady writer: overlapping pod kills, sidecar kills, paused etcds, withdrawn DNS names,
-//! one lost volume and restarts of every pod, then everything healed and checked — no
-//! acknowledged write lost (linearizable reads through every member), one cluster ID, no
-//! member ID reused after a volume loss, every pod back as a ready voter, writes refused no
-//! longer than the faults explain.
+//! one lost volume, restarts of every pod, pods cut from their peers, full disks, with
+//! backups taken and (in half the schedules) defragmentations running meanwhile; then
+//! everything healed and checked — no acknowledged write lost (linearizable reads through
+//! every member), one cluster ID, no member ID reused after a volume loss, no data directory
+//! deleted (only set aside), every pod back as a ready voter, writes refused no longer than
+//! the faults explain, every backup that succeeded verified and one after healing succeeding.
 //!
 //! The fixed seeds run in CI. `open_ended_schedules_append_to_the_results_file` runs as many
 //! schedules as asked and appends one line per schedule to `chaos-results.tsv` (see
@@ -28,7 +30,11 @@ const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 const FAULTS: usize = 7;
 const RESULTS_HEADER: &str =
-    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\n";
+    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\tgenerator\n";
+/// The generation of `Schedule::generate` (1: no partitions, full disks, backups or
+/// defragmentation; lines without the column). A seed replays its schedule only under the
+/// generator that wrote its line.
+const GENERATOR: u32 = 2;
 const SPAN: Duration = Duration::from_secs(20);
 
 /// Seeds CI replays, each against one etcd release (every release sees some).
@@ -37,6 +43,7 @@ const FIXED_SEEDS: &[(u64, Etcd)] = &[
     (2, Etcd::V3_4),
     (3, Etcd::V3_5),
     (4, Etcd::V3_5Current),
+    (8, Etcd::V3_4),
 ];
 
 /// Plays the schedule of `seed`; the outcome, and what the checker found wrong said with
@@ -45,6 +52,7 @@ async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>)
     let schedule = Schedule::generate(seed, 3, FAULTS, SPAN);
     eprintln!("{schedule}");
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    chaos::prepare(&mut set, &schedule).unwrap();
     set.start_all(WAIT).await.unwrap();
     set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
     let outcome = chaos::run(&mut set, &schedule).await;
@@ -59,6 +67,51 @@ async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>)
     (outcome, failure)
 }
 
+/// The partition fault itself: a cut pod loses its peers (no leader, no linearizable read)
+/// while a client still reaches it (a serializable read answers), the others keep a quorum,
+/// and healing joins it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_pod_loses_its_peers_but_not_its_clients_and_rejoins_when_healed() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
+    set.enable_partitions().unwrap();
+    set.start_all(WAIT).await.unwrap();
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    let cut = set.leader().await.unwrap();
+    set.partition(cut, true).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let others_serve = set
+            .all_linearizable(&[(cut + 1) % 3, (cut + 2) % 3], 3)
+            .await;
+        if !set.linearizable_ok(cut).await && others_serve {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod {cut} still served linearizable reads (or the others lost quorum) after being cut off\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut c = set.client(cut).await.unwrap();
+    let serializable = etcd_client::GetOptions::new().with_serializable();
+    c.get("any", Some(serializable))
+        .await
+        .expect("a client still reaches the cut pod");
+    set.partition(cut, false).unwrap();
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !set.all_linearizable(&[0, 1, 2], 3).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod {cut} did not rejoin once healed\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    set.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
     for (seed, etcd) in FIXED_SEEDS {
@@ -71,7 +124,21 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
             o.faults >= FAULTS - 1,
             "seed {seed}: the faults were applied"
         );
-        eprintln!("seed {seed} on {etcd:?}: {}", o.tsv_line());
+        assert!(
+            o.sentinels >= 3,
+            "seed {seed}: every live data directory got a sentinel"
+        );
+        eprintln!(
+            "seed {seed} on {etcd:?}: {} ({} sentinels checked, {} ENOSPC log lines, {} defragmentations, backups {:?})",
+            o.tsv_line(),
+            o.sentinels,
+            o.enospc_lines,
+            o.defrags,
+            o.backups
+                .iter()
+                .map(|b| (b.pod, b.exited_ok, b.verified, b.error.as_str()))
+                .collect::<Vec<_>>()
+        );
     }
 }
 
@@ -106,7 +173,7 @@ async fn open_ended_schedules_append_to_the_results_file() {
             .append(true)
             .open(path)
             .unwrap();
-        writeln!(f, "{}\t{etcd:?}", o.tsv_line()).unwrap();
+        writeln!(f, "{}\t{etcd:?}\t{GENERATOR}", o.tsv_line()).unwrap();
         if let Some(failure) = failure {
             panic!("{failure}");
         }

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use etcd_client::GetOptions;
@@ -67,15 +68,28 @@ pub enum Fault {
     LoseVolume(u32),
     /// Every pod killed, then started again in this order when healed.
     RestartAll(Vec<u32>),
+    /// The pod cut from the other pods (both directions) while clients still reach it;
+    /// joined again when healed.
+    Partition(u32),
+    /// The pod's volume filled up: etcd's next write that needs space fails (ENOSPC);
+    /// emptied of the filler when healed.
+    FillDisk(u32),
+    /// Not a fault: the one-shot `etcd-steward backup` run in the pod, into the set's
+    /// `file://` store, while whatever else happens; it overlaps any fault.
+    Backup(u32),
 }
 
 impl Fault {
     /// The pods whose etcd cannot serve while the fault lasts.
     pub fn pods_down(&self) -> Vec<u32> {
         match self {
-            Fault::KillPod(o) | Fault::Pause(o) | Fault::LoseVolume(o) => vec![*o],
+            Fault::KillPod(o)
+            | Fault::Pause(o)
+            | Fault::LoseVolume(o)
+            | Fault::Partition(o)
+            | Fault::FillDisk(o) => vec![*o],
             Fault::RestartAll(order) => order.clone(),
-            Fault::KillSidecar(_) | Fault::WithdrawDns(_) => Vec::new(),
+            Fault::KillSidecar(_) | Fault::WithdrawDns(_) | Fault::Backup(_) => Vec::new(),
         }
     }
 
@@ -85,7 +99,10 @@ impl Fault {
             | Fault::KillSidecar(o)
             | Fault::Pause(o)
             | Fault::WithdrawDns(o)
-            | Fault::LoseVolume(o) => Some(*o),
+            | Fault::LoseVolume(o)
+            | Fault::Partition(o)
+            | Fault::FillDisk(o)
+            | Fault::Backup(o) => Some(*o),
             Fault::RestartAll(_) => None,
         }
     }
@@ -100,6 +117,9 @@ impl fmt::Display for Fault {
             Fault::WithdrawDns(o) => write!(f, "withdraw pod {o}'s DNS name"),
             Fault::LoseVolume(o) => write!(f, "lose pod {o}'s volume"),
             Fault::RestartAll(order) => write!(f, "restart every pod, in order {order:?}"),
+            Fault::Partition(o) => write!(f, "cut pod {o} from its peers"),
+            Fault::FillDisk(o) => write!(f, "fill pod {o}'s volume"),
+            Fault::Backup(o) => write!(f, "back up through pod {o}"),
         }
     }
 }
@@ -124,7 +144,14 @@ pub struct Schedule {
     pub pods: u32,
     /// The events, by time.
     pub events: Vec<Event>,
+    /// The sidecars defragment their members whenever any space is free
+    /// ([`DEFRAG_THRESHOLD`]; each at most once a minute, one member at a time, only while
+    /// every member answers), so that defragmentations happen during the faults.
+    pub defrag: bool,
 }
+
+/// `--defrag-threshold` of a schedule that defragments: any free space at all.
+pub const DEFRAG_THRESHOLD: &str = "--defrag-threshold=1%,1B";
 
 impl Schedule {
     /// `faults` faults over about `span`, from `seed`. Faults overlap; a pod carries at most
@@ -140,13 +167,15 @@ impl Schedule {
             attempts += 1;
             let at = rng.below(span_ms + 1);
             let o = rng.below(u64::from(pods)) as u32;
-            let (fault, lasts) = match rng.below(12) {
+            let (fault, lasts) = match rng.below(16) {
                 0..=2 => (Fault::KillPod(o), rng.millis(300, 4000)),
                 3..=4 => (Fault::KillSidecar(o), rng.millis(200, 3000)),
                 5..=6 => (Fault::Pause(o), rng.millis(300, 4000)),
                 7..=8 => (Fault::WithdrawDns(o), rng.millis(300, 4000)),
                 9..=10 if !volume_lost => (Fault::LoseVolume(o), rng.millis(300, 2000)),
                 9..=10 => continue,
+                12..=13 => (Fault::Partition(o), rng.millis(500, 5000)),
+                14..=15 => (Fault::FillDisk(o), rng.millis(500, 4000)),
                 _ => {
                     let mut order: Vec<u32> = (0..pods).collect();
                     for i in (1..order.len()).rev() {
@@ -176,8 +205,40 @@ impl Schedule {
                 fault,
             });
         }
+        // Backups come from draws after the faults' (a schedule's faults do not depend on
+        // them) and overlap anything.
+        for _ in 0..rng.below(3) {
+            let at = Duration::from_millis(rng.below(span_ms + 1));
+            let o = rng.below(u64::from(pods)) as u32;
+            events.push(Event {
+                at,
+                lasts: Duration::ZERO,
+                fault: Fault::Backup(o),
+            });
+        }
+        let defrag = rng.below(2) == 0;
         events.sort_by_key(|e| e.at);
-        Schedule { seed, pods, events }
+        Schedule {
+            seed,
+            pods,
+            events,
+            defrag,
+        }
+    }
+
+    /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
+    /// size-limited: [`Set::limit_volumes`]).
+    pub fn fills_disks(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.fault, Fault::FillDisk(_)))
+    }
+
+    /// Whether a fault of the schedule partitions a pod ([`Set::enable_partitions`]).
+    pub fn partitions(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.fault, Fault::Partition(_)))
     }
 
     /// The longest stretch during which a majority of the pods could not serve: writes
@@ -220,6 +281,9 @@ impl Schedule {
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "schedule of seed {}:", self.seed)?;
+        if self.defrag {
+            writeln!(f, "  sidecars with {DEFRAG_THRESHOLD} throughout")?;
+        }
         for e in &self.events {
             writeln!(
                 f,
@@ -253,8 +317,89 @@ pub struct Outcome {
     pub replaced: Vec<u32>,
     /// Whether every pod was back as a ready voter within the bound after healing.
     pub recovered: bool,
+    /// How many sentinels were planted in live data directories (and checked).
+    pub sentinels: usize,
+    /// Sentinels planted in a pod's live data that are nowhere on its volume any more (not
+    /// live, not set aside) although the schedule never lost that volume: data deleted.
+    pub deleted: Vec<(u32, String)>,
+    /// Lines of the pods' logs (etcd's and the agent's) that report ENOSPC: evidence that a
+    /// filled disk was felt.
+    pub enospc_lines: usize,
+    /// The backups taken during the faults, and the one taken after healing (last).
+    pub backups: Vec<BackupTaken>,
+    /// Defragmentations the sidecars counted (`etcd_steward_defrag_total`, read about once
+    /// a second and summed over sidecar restarts: at least this many).
+    pub defrags: u64,
     /// The longest stretch the faults explain.
     pub explained_outage: Duration,
+}
+
+/// What one run of `etcd-steward backup` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupTaken {
+    /// Through which pod.
+    pub pod: u32,
+    /// Taken after everything was healed (it must succeed), not during the faults.
+    pub after_healing: bool,
+    /// It exited 0.
+    pub exited_ok: bool,
+    /// The manifest it printed says the snapshot verified (etcd's SHA-256 trailer matched).
+    pub verified: bool,
+    /// The cluster ID of the manifest.
+    pub cluster: Option<u64>,
+    /// Its error output (last line), when it failed.
+    pub error: String,
+}
+
+impl BackupTaken {
+    /// From what `etcd-steward backup` printed: its exit code, standard output (the
+    /// manifest, a JSON line) and error output.
+    pub fn from_parts(
+        pod: u32,
+        after_healing: bool,
+        code: i32,
+        stdout: &str,
+        stderr: &str,
+    ) -> Self {
+        let out = std::process::Output {
+            status: std::os::unix::process::ExitStatusExt::from_raw(code << 8),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        BackupTaken::from_output(pod, after_healing, Some(out))
+    }
+
+    fn from_output(pod: u32, after_healing: bool, out: Option<std::process::Output>) -> Self {
+        let Some(out) = out else {
+            return BackupTaken {
+                pod,
+                after_healing,
+                exited_ok: false,
+                verified: false,
+                cluster: None,
+                error: "did not end within its time-out".into(),
+            };
+        };
+        let manifest: Option<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        BackupTaken {
+            pod,
+            after_healing,
+            exited_ok: out.status.success(),
+            verified: manifest
+                .as_ref()
+                .and_then(|m| m["verified"].as_bool())
+                .unwrap_or(false),
+            cluster: manifest
+                .as_ref()
+                .and_then(|m| m["cluster_id"].as_str())
+                .and_then(|c| u64::from_str_radix(c, 16).ok()),
+            error: stderr.lines().last().unwrap_or_default().to_string(),
+        }
+    }
 }
 
 /// How much longer than a quorum loss writes may be refused: an election, a restart and a
@@ -295,6 +440,29 @@ impl Outcome {
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
         }
+        for b in &self.backups {
+            let ours = b.cluster.is_some_and(|c| self.clusters.contains(&c));
+            if b.exited_ok && !(b.verified && ours) {
+                v.push(format!(
+                    "a backup through pod {} exited 0 with a snapshot that is not a verified one of this cluster: {b:?}",
+                    b.pod
+                ));
+            }
+            if b.after_healing && !b.exited_ok {
+                v.push(format!(
+                    "the backup through pod {} after healing failed: {}",
+                    b.pod, b.error
+                ));
+            }
+        }
+        if !self.backups.iter().any(|b| b.after_healing) {
+            v.push("no backup was taken after healing".into());
+        }
+        for (o, name) in &self.deleted {
+            v.push(format!(
+                "pod {o}'s data directory was deleted, not set aside: sentinel {name} planted in its live data is nowhere on its volume"
+            ));
+        }
         if self.writes.max_gap > self.explained_outage + OUTAGE_SLACK {
             v.push(format!(
                 "writes refused for {:?} (ending {:?} after the start; last error: {}), the faults explain {:?}",
@@ -327,10 +495,158 @@ impl Outcome {
     }
 }
 
+/// `etcd_steward_defrag_total` of every sidecar, summed over restarts (a restarted
+/// sidecar counts from zero again).
+struct DefragCount {
+    before_restarts: Vec<u64>,
+    last: Vec<u64>,
+}
+
+impl DefragCount {
+    fn new(pods: usize) -> DefragCount {
+        DefragCount {
+            before_restarts: vec![0; pods],
+            last: vec![0; pods],
+        }
+    }
+
+    async fn sample(&mut self, set: &Set) {
+        for o in 0..self.last.len() {
+            // Briefly: the runner's timeline must not wait on a sidecar.
+            let answer =
+                tokio::time::timeout(Duration::from_millis(300), set.http(o as u32, "/metrics"));
+            let Ok(Some((200, text))) = answer.await else {
+                continue;
+            };
+            let Some(now) = metric(&text, "etcd_steward_defrag_total") else {
+                continue;
+            };
+            if now < self.last[o] {
+                self.before_restarts[o] += self.last[o];
+            }
+            self.last[o] = now;
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.before_restarts.iter().sum::<u64>() + self.last.iter().sum::<u64>()
+    }
+}
+
+/// A counter's value in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// How long a backup may take before it counts as failed.
+pub const BACKUP_TIME_OUT: Duration = Duration::from_secs(60);
+
 /// How long every pod may take to be a ready voter again once everything is healed.
 pub const RECOVERY_BOUND: Duration = Duration::from_secs(90);
 
+/// The prefix of the sentinel files the runner plants in live data directories.
+pub const SENTINEL_PREFIX: &str = "chaos-sentinel-";
+
+/// Uniquely named files planted in every pod's live data (`member/`, which the agent renames
+/// aside as a whole and etcd never reads: the agent's view of "has data" is the WAL), so
+/// that a data directory deleted rather than set aside is seen.
+#[derive(Debug, Default)]
+pub struct Sentinels {
+    seed: u64,
+    /// Pod, name, and whether the schedule lost the pod's volume since it was planted.
+    planted: Vec<(u32, String, bool)>,
+}
+
+impl Sentinels {
+    /// None planted yet, for the schedule of `seed`.
+    pub fn new(seed: u64) -> Sentinels {
+        Sentinels {
+            seed,
+            planted: Vec::new(),
+        }
+    }
+
+    /// Plants a sentinel in `volume/member` when that live data directory exists and holds
+    /// none yet.
+    pub fn plant(&mut self, o: u32, volume: &Path) {
+        let member = volume.join("member");
+        let Ok(entries) = std::fs::read_dir(&member) else {
+            return;
+        };
+        let marked = entries
+            .filter_map(std::result::Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with(SENTINEL_PREFIX));
+        if marked {
+            return;
+        }
+        let name = format!("{SENTINEL_PREFIX}{}-{o}-{}", self.seed, self.planted.len());
+        // No create_dir: when `member/` just went aside, nothing is planted.
+        if std::fs::write(member.join(&name), b"planted by the chaos runner\n").is_ok() {
+            self.planted.push((o, name, false));
+        }
+    }
+
+    /// Pod `o`'s volume is lost on purpose: what it held is exempt.
+    pub fn volume_lost(&mut self, o: u32) {
+        for (p, _, lost) in &mut self.planted {
+            if *p == o {
+                *lost = true;
+            }
+        }
+    }
+
+    /// How many were planted.
+    pub fn count(&self) -> usize {
+        self.planted.len()
+    }
+
+    /// The sentinels of volumes never lost that are nowhere under their pod's volume.
+    pub fn missing(&self, volume_of: impl Fn(u32) -> PathBuf) -> Vec<(u32, String)> {
+        self.planted
+            .iter()
+            .filter(|(o, name, lost)| !lost && !holds(&volume_of(*o), name))
+            .map(|(o, name, _)| (*o, name.clone()))
+            .collect()
+    }
+}
+
+/// Whether a file `name` is anywhere under `dir`.
+fn holds(dir: &Path, name: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(std::result::Result::ok).any(|e| {
+        e.file_name() == name || (e.file_type().is_ok_and(|t| t.is_dir()) && holds(&e.path(), name))
+    })
+}
+
+/// Readies `set` (built, not started) for `schedule`: size-limited volumes when it fills a
+/// disk, partitions when it cuts a pod off.
+pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
+    if schedule.fills_disks() {
+        set.limit_volumes(VOLUME_MIB)?;
+    }
+    if schedule.partitions() {
+        set.enable_partitions()?;
+    }
+    if schedule.defrag {
+        set.extra_args.push(DEFRAG_THRESHOLD.into());
+    }
+    Ok(())
+}
+
+/// The size of a volume that can be filled: room for etcd's preallocated 64 MiB WAL
+/// segment, a second one and the database.
+pub const VOLUME_MIB: u32 = 256;
+
 enum Heal {
+    /// A backup (the runner starts it itself): nothing to heal.
+    Nothing,
+    Partition(u32),
+    Free(u32),
     Start(u32),
     StartSidecar(u32),
     Resume(u32),
@@ -360,9 +676,21 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut lost_ids: Vec<u64> = Vec::new();
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
     let mut applied = 0;
+    let mut sentinels = Sentinels::new(schedule.seed);
+    let store = format!("file://{}", set.root().join("backups").display());
+    let mut backups_running = Vec::new();
+    let mut defrags = DefragCount::new(pods.len());
+    let mut next_sample = Duration::ZERO;
     let mut events = schedule.events.iter().peekable();
     loop {
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
         let now = started.elapsed();
+        if schedule.defrag && now >= next_sample {
+            defrags.sample(set).await;
+            next_sample = now + Duration::from_secs(1);
+        }
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
         pending.sort_by_key(|(t, _)| *t);
         while pending.first().is_some_and(|(t, _)| *t <= now) {
@@ -384,13 +712,24 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                     continue;
                 }
                 let e = events.next().cloned().unwrap_or_else(|| unreachable!());
+                if let Fault::Backup(o) = e.fault {
+                    eprintln!("chaos: {}", e.fault);
+                    let mut cmd = set.steward_in(o, &["backup", "--backup-url", &store]);
+                    match cmd.kill_on_drop(true).spawn() {
+                        Ok(child) => backups_running.push((o, child)),
+                        Err(err) => eprintln!("chaos: starting a backup failed: {err}"),
+                    }
+                    continue;
+                }
                 let o = e.fault.pod();
                 if let Some(o) = o {
-                    if let Ok(id) = set.member_id(o).await {
-                        if matches!(e.fault, Fault::LoseVolume(_)) {
+                    if matches!(e.fault, Fault::LoseVolume(_)) {
+                        if let Ok(id) = set.member_id(o).await {
                             lost_ids.push(id);
-                            wiped.insert(o);
                         }
+                        // Lost whether or not its member answered just now.
+                        wiped.insert(o);
+                        sentinels.volume_lost(o);
                     }
                 }
                 let heal = apply_fault(set, &e.fault, &mut paused).await;
@@ -410,6 +749,9 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut recovered = false;
     while Instant::now() < deadline {
         let _ = set.restart_exited();
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
         if set.all_linearizable(&pods, pods.len()).await && set.all_ready(&pods).await {
             recovered = true;
             break;
@@ -422,6 +764,28 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             .await;
     }
     let writes = writer.stop().await;
+    if schedule.defrag {
+        defrags.sample(set).await;
+    }
+    let mut backups = Vec::new();
+    for (o, child) in backups_running {
+        let out = tokio::time::timeout(BACKUP_TIME_OUT, child.wait_with_output()).await;
+        backups.push(BackupTaken::from_output(
+            o,
+            false,
+            out.ok().and_then(std::result::Result::ok),
+        ));
+    }
+    let last = set
+        .steward_in(0, &["backup", "--backup-url", &store])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(BACKUP_TIME_OUT, last).await;
+    backups.push(BackupTaken::from_output(
+        0,
+        true,
+        out.ok().and_then(std::result::Result::ok),
+    ));
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();
     clusters.extend(cluster_before);
@@ -440,6 +804,19 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             _ => {}
         }
     }
+    let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
+    let mut enospc_lines = 0;
+    for o in &pods {
+        let logs = set.logs(*o);
+        let full: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("no space left on device"))
+            .collect();
+        if let Some(first) = full.first() {
+            eprintln!("chaos: pod {o} felt a full disk: {first}");
+        }
+        enospc_lines += full.len();
+    }
     Outcome {
         seed: schedule.seed,
         faults: applied,
@@ -449,6 +826,11 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         reused_ids,
         replaced,
         recovered,
+        sentinels: sentinels.count(),
+        deleted,
+        enospc_lines,
+        backups,
+        defrags: defrags.total(),
         explained_outage: schedule.longest_quorum_loss(),
     }
 }
@@ -477,8 +859,25 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
         }
         Fault::LoseVolume(o) => {
             let _ = set.kill(*o).await;
-            let _ = set.wipe(*o);
+            if set.wipe(*o).is_err() {
+                // A size-limited volume is a mount point: emptied, not removed.
+                let _ = set.wipe_contents(*o);
+            }
             Heal::Start(*o)
+        }
+        Fault::Backup(_) => Heal::Nothing,
+        Fault::Partition(o) => {
+            if let Err(e) = set.partition(*o, true) {
+                eprintln!("chaos: cutting pod {o} off failed: {e}");
+            }
+            Heal::Partition(*o)
+        }
+        Fault::FillDisk(o) => {
+            match set.fill_volume(*o) {
+                Ok(n) => eprintln!("chaos: pod {o}'s volume full ({} MiB of filler)", n >> 20),
+                Err(e) => eprintln!("chaos: filling pod {o}'s volume failed: {e}"),
+            }
+            Heal::Free(*o)
         }
         Fault::RestartAll(order) => {
             for o in order {
@@ -491,6 +890,17 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
 
 fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
     match heal {
+        Heal::Nothing => {}
+        Heal::Partition(o) => {
+            if let Err(e) = set.partition(o, false) {
+                eprintln!("chaos: healing pod {o}'s partition failed: {e}");
+            }
+        }
+        Heal::Free(o) => {
+            if let Err(e) = set.free_volume(o) {
+                eprintln!("chaos: freeing pod {o}'s volume failed: {e}");
+            }
+        }
         Heal::Start(o) => {
             let _ = set.start(o);
         }
@@ -527,6 +937,7 @@ async fn missing_writes(set: &Set, o: u32, acked: u64) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -537,7 +948,12 @@ mod tests {
         let c = Schedule::generate(8, 3, 8, Duration::from_secs(20));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_eq!(a.events.len(), 8);
+        let faults = a
+            .events
+            .iter()
+            .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+            .count();
+        assert_eq!(faults, 8);
     }
 
     #[test]
@@ -550,8 +966,13 @@ mod tests {
                 .filter(|e| matches!(e.fault, Fault::LoseVolume(_)))
                 .count();
             assert!(losses <= 1, "{s}");
-            for (i, a) in s.events.iter().enumerate() {
-                for b in &s.events[i + 1..] {
+            let faults: Vec<&Event> = s
+                .events
+                .iter()
+                .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+                .collect();
+            for (i, a) in faults.iter().enumerate() {
+                for b in &faults[i + 1..] {
                     let overlap = b.at < a.at + a.lasts && a.at < b.at + b.lasts;
                     let shared = match (a.fault.pod(), b.fault.pod()) {
                         (Some(x), Some(y)) => x == y,
@@ -573,6 +994,7 @@ mod tests {
         let s = Schedule {
             seed: 0,
             pods: 3,
+            defrag: false,
             events: vec![
                 ev(0, 1000, Fault::KillPod(0)),
                 ev(600, 1000, Fault::Pause(1)),
@@ -584,6 +1006,7 @@ mod tests {
         let none = Schedule {
             seed: 0,
             pods: 3,
+            defrag: false,
             events: vec![
                 ev(0, 1000, Fault::KillSidecar(0)),
                 ev(0, 1000, Fault::Pause(1)),
@@ -609,6 +1032,18 @@ mod tests {
             reused_ids: vec![],
             replaced: vec![],
             recovered: true,
+            sentinels: 3,
+            deleted: vec![],
+            enospc_lines: 0,
+            defrags: 0,
+            backups: vec![BackupTaken {
+                pod: 0,
+                after_healing: true,
+                exited_ok: true,
+                verified: true,
+                cluster: Some(9),
+                error: String::new(),
+            }],
             explained_outage: Duration::ZERO,
         };
         assert!(clean.violations().is_empty());
@@ -622,5 +1057,80 @@ mod tests {
         assert_eq!(v.len(), 4, "{v:?}");
         assert_eq!(bad.lost(), 4);
         assert!(bad.tsv_line().ends_with("\tFAILED"));
+        let mut deleted = clean.clone();
+        deleted.deleted.push((2, "chaos-sentinel-1-2-0".into()));
+        let v = deleted.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("pod 2") && v[0].contains("chaos-sentinel-1-2-0"),
+            "{v:?}"
+        );
+        // A backup during the faults may fail (said so); one that exits 0 must be a
+        // verified snapshot of this cluster, and the one after healing must succeed.
+        let mut backups = clean.clone();
+        backups.backups.push(BackupTaken {
+            pod: 1,
+            after_healing: false,
+            exited_ok: false,
+            verified: false,
+            cluster: None,
+            error: "no quorum".into(),
+        });
+        assert!(
+            backups.violations().is_empty(),
+            "{:?}",
+            backups.violations()
+        );
+        backups.backups[1].exited_ok = true;
+        backups.backups[0].exited_ok = false;
+        assert_eq!(backups.violations().len(), 2, "{:?}", backups.violations());
+        backups.backups.clear();
+        assert_eq!(backups.violations().len(), 1, "{:?}", backups.violations());
+    }
+
+    #[test]
+    fn a_sentinel_travels_with_data_set_aside_and_is_missed_when_data_is_deleted() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = |o: u32| root.path().join(format!("pod-{o}"));
+        for o in 0..3 {
+            std::fs::create_dir_all(vol(o).join("member/wal")).unwrap();
+        }
+        let mut s = Sentinels::new(5);
+        for o in 0..3 {
+            s.plant(o, &vol(o));
+            s.plant(o, &vol(o));
+        }
+        assert_eq!(s.count(), 3, "one sentinel per live data directory");
+        // Pod 0's data set aside the way the agent does it (member/ renamed).
+        std::fs::create_dir_all(vol(0).join("set-aside/7-removed-member")).unwrap();
+        std::fs::rename(
+            vol(0).join("member"),
+            vol(0).join("set-aside/7-removed-member/member"),
+        )
+        .unwrap();
+        // Pod 1's data deleted; pod 2's volume lost on purpose.
+        std::fs::remove_dir_all(vol(1).join("member")).unwrap();
+        std::fs::remove_dir_all(vol(2).join("member")).unwrap();
+        s.volume_lost(2);
+        assert_eq!(
+            s.missing(vol),
+            vec![(1, "chaos-sentinel-5-1-1".to_string())]
+        );
+        // A fresh member/ on pod 0 gets a sentinel of its own.
+        std::fs::create_dir_all(vol(0).join("member")).unwrap();
+        s.plant(0, &vol(0));
+        assert_eq!(s.count(), 4);
+    }
+
+    #[test]
+    fn the_new_faults_appear_and_count_as_down() {
+        let all: Vec<Fault> = (0..50)
+            .flat_map(|seed| Schedule::generate(seed, 3, 8, Duration::from_secs(20)).events)
+            .map(|e| e.fault)
+            .collect();
+        assert!(all.iter().any(|f| matches!(f, Fault::Partition(_))));
+        assert!(all.iter().any(|f| matches!(f, Fault::FillDisk(_))));
+        assert_eq!(Fault::Partition(1).pods_down(), vec![1]);
+        assert_eq!(Fault::FillDisk(2).pods_down(), vec![2]);
     }
 }
