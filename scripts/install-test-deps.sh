@@ -19,6 +19,8 @@ command -v dnsmasq >/dev/null || need_apt+=(dnsmasq-base)
 [ -x /usr/bin/etcd ] || need_apt+=(etcd-server etcd-client)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v promtool >/dev/null || need_apt+=(prometheus)
+# The chaos schedules cut loopback pods apart with iptables (harness::chaos, Partition).
+command -v iptables >/dev/null || need_apt+=(iptables)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing from Debian: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
