@@ -17,7 +17,8 @@
 //! - `FillDisk` and `Backup` during the faults are not made on Docker (a named volume has no
 //!   size to fill, and a backup's `docker exec` would hold the timeline up): they are
 //!   skipped and not counted. A backup is taken after healing (`etcd-steward backup` by
-//!   `docker exec`, into the set's `file://` store), and must succeed and verify.
+//!   `docker exec` in the sidecar's container, into the set's `file://` store), and must
+//!   succeed and verify.
 //! - The "no data directory deleted" sentinels are the loopback runner's only: here no
 //!   sentinel is planted (`sentinels: 0`).
 //!
@@ -191,7 +192,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
     }
     let writes = writer.stop().await;
     // A backup after healing must succeed and verify (the store: `Cluster::enable_backups`).
-    let (code, stdout, stderr) = c.exec_steward(0, &["backup"]).await;
+    let (code, stdout, stderr) = c.exec_sidecar_steward(0, &["backup"]).await;
     let backups = vec![BackupTaken::from_parts(0, true, code, &stdout, &stderr)];
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();

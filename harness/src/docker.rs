@@ -539,8 +539,18 @@ impl Cluster {
     /// `etcd-steward ARGS` run in pod `o`'s etcd container with the pod's options (what
     /// `kubectl exec etcd-o -c etcd -- etcd-steward ARGS` does): (exit code, stdout, stderr).
     pub async fn exec_steward(&self, o: u32, args: &[&str]) -> (i32, String, String) {
+        self.exec_steward_in(&self.etcd_ctr(o), o, args).await
+    }
+
+    /// As [`Self::exec_steward`], in the pod's sidecar container (which holds the backup
+    /// store writable: `kubectl exec etcd-o -c steward -- etcd-steward backup`).
+    pub async fn exec_sidecar_steward(&self, o: u32, args: &[&str]) -> (i32, String, String) {
+        self.exec_steward_in(&self.steward_ctr(o), o, args).await
+    }
+
+    async fn exec_steward_in(&self, ctr: &str, o: u32, args: &[&str]) -> (i32, String, String) {
         let mut cmd = tokio::process::Command::new("docker");
-        cmd.args(["exec", &self.etcd_ctr(o), "etcd-steward"])
+        cmd.args(["exec", ctr, "etcd-steward"])
             .args(args)
             .args(self.common_args(o));
         let out = cmd
