@@ -229,7 +229,22 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         enospc_lines: 0,
         backups,
         defrags: 0,
-        explained_outage: schedule.longest_quorum_loss(),
+        // A withdrawn name is a cut here: the pod counts as down.
+        explained_outage: Schedule {
+            events: schedule
+                .events
+                .iter()
+                .map(|e| match e.fault {
+                    Fault::WithdrawDns(o) => crate::chaos::Event {
+                        fault: Fault::Partition(o),
+                        ..e.clone()
+                    },
+                    _ => e.clone(),
+                })
+                .collect(),
+            ..schedule.clone()
+        }
+        .longest_quorum_loss(),
     }
 }
 

@@ -222,6 +222,10 @@ pub struct Cluster {
     mounts_3_4: Vec<String>,
     started: Instant,
     clients: Clients,
+    /// The cluster-network address of each pod cut off by [`Cluster::partition`], given
+    /// back by [`Cluster::heal`] (a pod keeps its IP across a partition, as in Kubernetes:
+    /// a new one leaves the peers' streams to the old one hanging until TCP gives up).
+    cut_ips: std::sync::Mutex<std::collections::BTreeMap<u32, String>>,
 }
 
 /// What `/ready` and friends answered.
@@ -264,6 +268,7 @@ impl Cluster {
                 None,
                 false,
             ),
+            cut_ips: Default::default(),
         }
     }
 
@@ -602,21 +607,33 @@ impl Cluster {
 
     /// Cuts the pod off the cluster network (it keeps the management network).
     pub async fn partition(&self, o: u32) {
+        let format = format!(
+            "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
+            self.net
+        );
+        if let Ok(ip) = docker(&["inspect", "-f", &format, &self.etcd_ctr(o)]).await {
+            if !ip.trim().is_empty() {
+                if let Ok(mut cut) = self.cut_ips.lock() {
+                    cut.insert(o, ip.trim().to_string());
+                }
+            }
+        }
         must(&["network", "disconnect", &self.net, &self.etcd_ctr(o)]).await;
         self.say(&format!("pod {o} partitioned from the cluster network"));
     }
 
     /// Reconnects it, with its DNS name.
     pub async fn heal(&self, o: u32) {
-        must(&[
-            "network",
-            "connect",
-            "--alias",
-            &self.host(o),
-            &self.net,
-            &self.etcd_ctr(o),
-        ])
-        .await;
+        let ip = self.cut_ips.lock().ok().and_then(|mut c| c.remove(&o));
+        let mut args = vec!["network", "connect", "--alias"];
+        let host = self.host(o);
+        args.push(&host);
+        if let Some(ip) = &ip {
+            args.extend(["--ip", ip.as_str()]);
+        }
+        let ctr = self.etcd_ctr(o);
+        args.extend([self.net.as_str(), ctr.as_str()]);
+        must(&args).await;
         self.say(&format!("pod {o} reconnected to the cluster network"));
     }
 
@@ -1011,7 +1028,7 @@ impl Cluster {
     }
 
     /// Everything each container logged, for a failure report.
-    fn dump_sync(&self) -> String {
+    pub fn dump_sync(&self) -> String {
         let mut out = String::new();
         let names = docker_sync(&[
             "ps",
