@@ -21,7 +21,7 @@
 //! Like an assertion, a Docker pod that cannot be made fails its scenario: the methods panic
 //! with Docker's own words rather than return errors.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Stdio;
@@ -222,10 +222,18 @@ pub struct Cluster {
     mounts_3_4: Vec<String>,
     started: Instant,
     clients: Clients,
-    /// The cluster-network address of each pod cut off by [`Cluster::partition`], given
-    /// back by [`Cluster::heal`] (a pod keeps its IP across a partition, as in Kubernetes:
-    /// a new one leaves the peers' streams to the old one hanging until TCP gives up).
-    cut_ips: std::sync::Mutex<std::collections::BTreeMap<u32, String>>,
+    net_octet: u8,
+    /// Each pod container's address on the cluster network, fixed when the container is
+    /// created: kept across kills, restarts and partitions, as a Kubernetes pod keeps its IP
+    /// while it lives (Docker would hand a restarted or reconnected container whatever
+    /// address is free, another pod's old one included: a cut pod healed onto a new address
+    /// left its peers' streams to the old one hanging until TCP gave up, and a cut pod's
+    /// address taken by a restarted pod meanwhile could not be given back). A pod created
+    /// anew (a lost volume) gets a new one, as a new pod would.
+    cluster_ips: BTreeMap<u32, Ipv4Addr>,
+    /// The last octet of the next fresh cluster-network address (10–249, then round again,
+    /// skipping those in use; Docker's own dynamic addresses start at .2).
+    next_host: u8,
 }
 
 /// What `/ready` and friends answered.
@@ -242,7 +250,7 @@ impl Cluster {
         cleanup_sync(&run);
         let net = format!("{run}-net");
         let mgmt = format!("{run}-mgmt");
-        create_network(&net, &run).await;
+        let net_octet = create_network(&net, &run).await;
         let mgmt_octet = create_network(&mgmt, &run).await;
         log(
             &run,
@@ -268,7 +276,9 @@ impl Cluster {
                 None,
                 false,
             ),
-            cut_ips: Default::default(),
+            net_octet,
+            cluster_ips: BTreeMap::new(),
+            next_host: 10,
         }
     }
 
@@ -407,6 +417,7 @@ impl Cluster {
             let refs: Vec<&str> = args.iter().map(String::as_str).collect();
             must(&refs).await;
         }
+        let cluster_ip = self.fresh_cluster_ip(o);
         let mut args: Vec<String> = vec![
             "create".into(),
             "--name".into(),
@@ -415,6 +426,8 @@ impl Cluster {
             format!("etcd-{o}"),
             "--network".into(),
             self.net.clone(),
+            "--ip".into(),
+            cluster_ip.to_string(),
             "--network-alias".into(),
             self.host(o),
             "-e".into(),
@@ -607,34 +620,40 @@ impl Cluster {
 
     /// Cuts the pod off the cluster network (it keeps the management network).
     pub async fn partition(&self, o: u32) {
-        let format = format!(
-            "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
-            self.net
-        );
-        if let Ok(ip) = docker(&["inspect", "-f", &format, &self.etcd_ctr(o)]).await {
-            if !ip.trim().is_empty() {
-                if let Ok(mut cut) = self.cut_ips.lock() {
-                    cut.insert(o, ip.trim().to_string());
-                }
-            }
-        }
         must(&["network", "disconnect", &self.net, &self.etcd_ctr(o)]).await;
         self.say(&format!("pod {o} partitioned from the cluster network"));
     }
 
-    /// Reconnects it, with its DNS name.
+    /// Reconnects it, with its DNS name and its own address.
     pub async fn heal(&self, o: u32) {
-        let ip = self.cut_ips.lock().ok().and_then(|mut c| c.remove(&o));
-        let mut args = vec!["network", "connect", "--alias"];
         let host = self.host(o);
-        args.push(&host);
+        let ctr = self.etcd_ctr(o);
+        let mut args = vec!["network", "connect", "--alias", host.as_str()];
+        let ip = self.cluster_ips.get(&o).map(Ipv4Addr::to_string);
         if let Some(ip) = &ip {
             args.extend(["--ip", ip.as_str()]);
         }
-        let ctr = self.etcd_ctr(o);
         args.extend([self.net.as_str(), ctr.as_str()]);
         must(&args).await;
         self.say(&format!("pod {o} reconnected to the cluster network"));
+    }
+
+    /// A cluster-network address for pod `o`'s new container that no other pod holds, and
+    /// not the one its earlier container had.
+    fn fresh_cluster_ip(&mut self, o: u32) -> Ipv4Addr {
+        let held: BTreeSet<Ipv4Addr> = self.cluster_ips.values().copied().collect();
+        loop {
+            let ip = Ipv4Addr::new(10, 213, self.net_octet, self.next_host);
+            self.next_host = if self.next_host >= 249 {
+                10
+            } else {
+                self.next_host + 1
+            };
+            if !held.contains(&ip) {
+                self.cluster_ips.insert(o, ip);
+                return ip;
+            }
+        }
     }
 
     /// The paths under `dir` of pod `o`'s volume (relative to the data directory, as
