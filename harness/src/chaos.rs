@@ -93,7 +93,8 @@ impl Fault {
         }
     }
 
-    fn pod(&self) -> Option<u32> {
+    /// The pod the fault is laid on; `None` for every pod.
+    pub fn pod(&self) -> Option<u32> {
         match self {
             Fault::KillPod(o)
             | Fault::KillSidecar(o)
@@ -244,6 +245,12 @@ impl Schedule {
     /// The longest stretch during which a majority of the pods could not serve: writes
     /// refused that long are the faults' doing.
     pub fn longest_quorum_loss(&self) -> Duration {
+        self.longest_quorum_loss_where(Fault::pods_down)
+    }
+
+    /// As [`Self::longest_quorum_loss`], with `down` saying which pods a fault takes down
+    /// (a runner where a fault cuts more than [`Fault::pods_down`] says).
+    pub fn longest_quorum_loss_where(&self, down: impl Fn(&Fault) -> Vec<u32>) -> Duration {
         let majority = self.pods as usize / 2 + 1;
         let mut marks: Vec<Duration> = self
             .events
@@ -260,7 +267,7 @@ impl Schedule {
                 .events
                 .iter()
                 .filter(|e| e.at <= mid && mid < e.at + e.lasts)
-                .flat_map(|e| e.fault.pods_down())
+                .flat_map(|e| down(&e.fault))
                 .collect();
             match (down.len() >= majority, began) {
                 (true, None) => began = Some(w[0]),
@@ -1013,6 +1020,20 @@ mod tests {
             ],
         };
         assert_eq!(none.longest_quorum_loss(), Duration::ZERO);
+        // Where a withdrawn name cuts the pod off (Docker), it counts as down.
+        let dns = Schedule {
+            events: vec![
+                ev(0, 1000, Fault::WithdrawDns(0)),
+                ev(400, 1000, Fault::Pause(1)),
+            ],
+            ..none.clone()
+        };
+        assert_eq!(dns.longest_quorum_loss(), Duration::ZERO);
+        let cut = dns.longest_quorum_loss_where(|f| match f {
+            Fault::WithdrawDns(o) => vec![*o],
+            f => f.pods_down(),
+        });
+        assert_eq!(cut, Duration::from_millis(600));
     }
 
     #[test]

@@ -134,7 +134,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
             // A volume loss waits for every copy (below), which can push it onto the next
             // fault of its pod: a fault waits until its pod's earlier fault is healed, as
             // the generator meant (one fault per pod at a time).
-            let busy = pending.iter().any(|(_, _, p)| match (p, pod_of(&e.fault)) {
+            let busy = pending.iter().any(|(_, _, p)| match (p, e.fault.pod()) {
                 (Some(a), Some(b)) => *a == b,
                 _ => true,
             });
@@ -151,7 +151,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
                 let Some(e) = events.next().cloned() else {
                     break;
                 };
-                if matches!(e.fault, Fault::FillDisk(_) | Fault::Backup(_)) {
+                if !made_on_docker(&e.fault) {
                     c.say(&format!("chaos: {} — not made on Docker, skipped", e.fault));
                     continue;
                 }
@@ -163,7 +163,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
                     wiped.insert(o);
                 }
                 let heal = apply_fault(c, &e.fault, &mut held).await;
-                pending.push((started.elapsed() + e.lasts, heal, pod_of(&e.fault)));
+                pending.push((started.elapsed() + e.lasts, heal, e.fault.pod()));
                 applied += 1;
                 continue;
             }
@@ -230,37 +230,17 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         backups,
         defrags: 0,
         // A withdrawn name is a cut here: the pod counts as down.
-        explained_outage: Schedule {
-            events: schedule
-                .events
-                .iter()
-                .map(|e| match e.fault {
-                    Fault::WithdrawDns(o) => crate::chaos::Event {
-                        fault: Fault::Partition(o),
-                        ..e.clone()
-                    },
-                    _ => e.clone(),
-                })
-                .collect(),
-            ..schedule.clone()
-        }
-        .longest_quorum_loss(),
+        explained_outage: schedule.longest_quorum_loss_where(|f| match f {
+            Fault::WithdrawDns(o) => vec![*o],
+            f => f.pods_down(),
+        }),
     }
 }
 
-/// The pod a fault is laid on; `None` for every pod.
-fn pod_of(f: &Fault) -> Option<u32> {
-    match f {
-        Fault::KillPod(o)
-        | Fault::KillSidecar(o)
-        | Fault::Pause(o)
-        | Fault::WithdrawDns(o)
-        | Fault::LoseVolume(o)
-        | Fault::Partition(o)
-        | Fault::FillDisk(o)
-        | Fault::Backup(o) => Some(*o),
-        Fault::RestartAll(_) => None,
-    }
+/// Whether this runner makes the fault (see the module's doc): a full disk and a backup
+/// during the faults are skipped.
+pub fn made_on_docker(f: &Fault) -> bool {
+    !matches!(f, Fault::FillDisk(_) | Fault::Backup(_))
 }
 
 async fn apply_fault(c: &mut Cluster, fault: &Fault, held: &mut BTreeSet<u32>) -> Heal {
@@ -283,8 +263,9 @@ async fn apply_fault(c: &mut Cluster, fault: &Fault, held: &mut BTreeSet<u32>) -
             c.partition(*o).await;
             Heal::Reconnect(*o)
         }
-        // Skipped before they get here (see the module's doc).
-        Fault::FillDisk(o) | Fault::Backup(o) => Heal::StartSidecar(*o),
+        Fault::FillDisk(_) | Fault::Backup(_) => {
+            unreachable!("{fault}: not made on Docker, skipped by run (made_on_docker)")
+        }
         Fault::LoseVolume(o) => {
             held.insert(*o);
             c.remove(*o, true).await;
