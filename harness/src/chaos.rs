@@ -359,43 +359,23 @@ pub struct BackupTaken {
 }
 
 impl BackupTaken {
-    /// From what `etcd-steward backup` printed: its exit code, standard output (the
-    /// manifest, a JSON line) and error output.
+    /// From what `etcd-steward backup` printed: whether it exited 0, its standard output
+    /// (the manifest, a JSON line) and error output.
     pub fn from_parts(
         pod: u32,
         after_healing: bool,
-        code: i32,
+        exited_ok: bool,
         stdout: &str,
         stderr: &str,
     ) -> Self {
-        let out = std::process::Output {
-            status: std::os::unix::process::ExitStatusExt::from_raw(code << 8),
-            stdout: stdout.as_bytes().to_vec(),
-            stderr: stderr.as_bytes().to_vec(),
-        };
-        BackupTaken::from_output(pod, after_healing, Some(out))
-    }
-
-    fn from_output(pod: u32, after_healing: bool, out: Option<std::process::Output>) -> Self {
-        let Some(out) = out else {
-            return BackupTaken {
-                pod,
-                after_healing,
-                exited_ok: false,
-                verified: false,
-                cluster: None,
-                error: "did not end within its time-out".into(),
-            };
-        };
-        let manifest: Option<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        let manifest: Option<serde_json::Value> = stdout
             .lines()
             .rev()
             .find_map(|l| serde_json::from_str(l).ok());
-        let stderr = String::from_utf8_lossy(&out.stderr);
         BackupTaken {
             pod,
             after_healing,
-            exited_ok: out.status.success(),
+            exited_ok,
             verified: manifest
                 .as_ref()
                 .and_then(|m| m["verified"].as_bool())
@@ -405,6 +385,27 @@ impl BackupTaken {
                 .and_then(|m| m["cluster_id"].as_str())
                 .and_then(|c| u64::from_str_radix(c, 16).ok()),
             error: stderr.lines().last().unwrap_or_default().to_string(),
+        }
+    }
+
+    /// From the process's output, `None` when it did not end within its time-out.
+    fn from_output(pod: u32, after_healing: bool, out: Option<std::process::Output>) -> Self {
+        match out {
+            Some(out) => BackupTaken::from_parts(
+                pod,
+                after_healing,
+                out.status.success(),
+                &String::from_utf8_lossy(&out.stdout),
+                &String::from_utf8_lossy(&out.stderr),
+            ),
+            None => BackupTaken {
+                pod,
+                after_healing,
+                exited_ok: false,
+                verified: false,
+                cluster: None,
+                error: "did not end within its time-out".into(),
+            },
         }
     }
 }
@@ -1034,6 +1035,31 @@ mod tests {
             f => f.pods_down(),
         });
         assert_eq!(cut, Duration::from_millis(600));
+    }
+
+    #[test]
+    fn a_backups_manifest_line_is_read_for_verification_and_cluster() {
+        let ok = BackupTaken::from_parts(
+            1,
+            false,
+            true,
+            "{\"key\":\"x\",\"cluster_id\":\"2a\",\"verified\":true}\n",
+            "",
+        );
+        assert!(ok.exited_ok && ok.verified, "{ok:?}");
+        assert_eq!(ok.cluster, Some(0x2a));
+        let unverified = BackupTaken::from_parts(
+            1,
+            false,
+            true,
+            "{\"cluster_id\":\"2a\",\"verified\":false}",
+            "",
+        );
+        assert!(!unverified.verified);
+        let failed =
+            BackupTaken::from_parts(2, true, false, "", "starting\nno leader: etcd-1 paused\n");
+        assert!(!failed.exited_ok && !failed.verified && failed.cluster.is_none());
+        assert_eq!(failed.error, "no leader: etcd-1 paused");
     }
 
     #[test]

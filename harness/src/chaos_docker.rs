@@ -193,7 +193,13 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
     let writes = writer.stop().await;
     // A backup after healing must succeed and verify (the store: `Cluster::enable_backups`).
     let (code, stdout, stderr) = c.exec_sidecar_steward(0, &["backup"]).await;
-    let backups = vec![BackupTaken::from_parts(0, true, code, &stdout, &stderr)];
+    let backups = vec![BackupTaken::from_parts(
+        0,
+        true,
+        code == 0,
+        &stdout,
+        &stderr,
+    )];
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();
     if cluster_before != 0 {
