@@ -160,10 +160,7 @@ fn one_per_interval(all: &[Manifest]) {
 /// The value of a sample in pod `o`'s `/metrics`.
 async fn metric(set: &Set, o: u32, series: &str) -> Option<f64> {
     let (_, text) = set.http(o, "/metrics").await?;
-    text.lines().find_map(|l| {
-        let (s, v) = l.rsplit_once(' ')?;
-        (s == series).then(|| v.parse().ok()).flatten()
-    })
+    harness::client::sample(&text, series)
 }
 
 /// The whole life of file:// backups on one release.

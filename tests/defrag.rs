@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use etcd_client::{Client, CompactionOptions};
+use harness::client::sample;
 use harness::loopback::Set;
 use harness::Etcd;
 
@@ -71,12 +72,6 @@ fn defragmented_at(set: &Set, o: u32) -> Option<String> {
     })
 }
 
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etcd) {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     set.extra_args = vec!["--defrag-threshold=30%,2MiB".into()];
@@ -109,7 +104,7 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
             let mut all = true;
             for o in 0..3 {
                 let freed = match set.http(o, "/metrics").await {
-                    Some((_, text)) => metric(&text, "etcd_steward_defrag_last_freed_bytes"),
+                    Some((_, text)) => sample(&text, "etcd_steward_defrag_last_freed_bytes"),
                     None => None,
                 };
                 all &= db_size(&set, o).await < full / 2
@@ -128,16 +123,16 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
         }
         let (_, text) = set.http(o, "/metrics").await.unwrap();
         assert_eq!(
-            metric(&text, "etcd_steward_defrag_total"),
+            sample(&text, "etcd_steward_defrag_total"),
             Some(1.0),
             "{text}"
         );
         assert_eq!(
-            metric(&text, "etcd_steward_defrag_failures_total"),
+            sample(&text, "etcd_steward_defrag_failures_total"),
             Some(0.0),
             "{text}"
         );
-        let took = metric(&text, "etcd_steward_defrag_last_duration_seconds");
+        let took = sample(&text, "etcd_steward_defrag_last_duration_seconds");
         assert!(
             took.is_some_and(|s| s > 0.0 && s < 60.0),
             "the last defragmentation's duration: {took:?}\n{text}"

@@ -81,10 +81,7 @@ fn store_down() -> RoundEnd {
 
 fn metric(registry: &Registry, series: &str) -> Result<Option<f64>, Box<dyn std::error::Error>> {
     let text = encode(registry, Format::OpenMetrics)?;
-    Ok(text.lines().find_map(|l| {
-        let (s, v) = l.rsplit_once(' ')?;
-        (s == series).then(|| v.parse().ok()).flatten()
-    }))
+    Ok(harness::client::sample(&text, series))
 }
 
 #[tokio::test(start_paused = true)]

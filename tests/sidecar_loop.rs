@@ -178,10 +178,7 @@ impl Pod {
 
     fn metric(&self, series: &str) -> Result<Option<f64>, Box<dyn std::error::Error>> {
         let text = encode(&self.registry, Format::OpenMetrics)?;
-        Ok(text.lines().find_map(|l| {
-            let (s, v) = l.rsplit_once(' ')?;
-            (s == series).then(|| v.parse().ok()).flatten()
-        }))
+        Ok(harness::client::sample(&text, series))
     }
 }
 

@@ -526,9 +526,10 @@ impl DefragCount {
             let Ok(Some((200, text))) = answer.await else {
                 continue;
             };
-            let Some(now) = metric(&text, "etcd_steward_defrag_total") else {
+            let Some(now) = crate::client::sample(&text, "etcd_steward_defrag_total") else {
                 continue;
             };
+            let now = now as u64;
             if now < self.last[o] {
                 self.before_restarts[o] += self.last[o];
             }
@@ -539,14 +540,6 @@ impl DefragCount {
     fn total(&self) -> u64 {
         self.before_restarts.iter().sum::<u64>() + self.last.iter().sum::<u64>()
     }
-}
-
-/// A counter's value in a Prometheus text exposition.
-fn metric(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
 }
 
 /// How long a backup may take before it counts as failed.

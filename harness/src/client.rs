@@ -155,6 +155,15 @@ fn header<'a>(url: &str, s: &'a StatusResponse) -> Result<&'a etcd_client::Respo
         .ok_or_else(|| Error::Failed(format!("etcd at {url} answered a status without header")))
 }
 
+/// The value of `series` (a metric's name, with its labels if it has any) in a Prometheus
+/// text exposition such as a sidecar's `/metrics`; `None` when it is not there.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (s, v) = l.rsplit_once(' ')?;
+        (s == series).then(|| v.parse().ok()).flatten()
+    })
+}
+
 /// GETs `path` from a plain HTTP port (a sidecar's, etcd's metrics): (status, body),
 /// `None` when it does not answer within `timeout` or answers more than `max_body` bytes.
 pub async fn http_get(
