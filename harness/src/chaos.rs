@@ -836,6 +836,12 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     }
 }
 
+/// A fault or heal the schedule lays must be made: one that cannot be (no iptables, no
+/// tmpfs, a volume that cannot be emptied) stops the run rather than count as survived.
+fn made<T>(r: crate::Result<T>, what: impl fmt::Display) -> T {
+    r.unwrap_or_else(|e| panic!("chaos: {what}: could not be made: {e}"))
+}
+
 async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>) -> Heal {
     eprintln!("chaos: {fault}");
     match fault {
@@ -860,24 +866,17 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
         }
         Fault::LoseVolume(o) => {
             let _ = set.kill(*o).await;
-            if set.wipe(*o).is_err() {
-                // A size-limited volume is a mount point: emptied, not removed.
-                let _ = set.wipe_contents(*o);
-            }
+            made(set.wipe(*o), fault);
             Heal::Start(*o)
         }
         Fault::Backup(_) => Heal::Nothing,
         Fault::Partition(o) => {
-            if let Err(e) = set.partition(*o, true) {
-                eprintln!("chaos: cutting pod {o} off failed: {e}");
-            }
+            made(set.partition(*o, true), fault);
             Heal::Partition(*o)
         }
         Fault::FillDisk(o) => {
-            match set.fill_volume(*o) {
-                Ok(n) => eprintln!("chaos: pod {o}'s volume full ({} MiB of filler)", n >> 20),
-                Err(e) => eprintln!("chaos: filling pod {o}'s volume failed: {e}"),
-            }
+            let n = made(set.fill_volume(*o), fault);
+            eprintln!("chaos: pod {o}'s volume full ({} MiB of filler)", n >> 20);
             Heal::Free(*o)
         }
         Fault::RestartAll(order) => {
@@ -893,14 +892,10 @@ fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
     match heal {
         Heal::Nothing => {}
         Heal::Partition(o) => {
-            if let Err(e) = set.partition(o, false) {
-                eprintln!("chaos: healing pod {o}'s partition failed: {e}");
-            }
+            made(set.partition(o, false), format!("healing pod {o}'s cut"));
         }
         Heal::Free(o) => {
-            if let Err(e) = set.free_volume(o) {
-                eprintln!("chaos: freeing pod {o}'s volume failed: {e}");
-            }
+            made(set.free_volume(o), format!("freeing pod {o}'s volume"));
         }
         Heal::Start(o) => {
             let _ = set.start(o);
@@ -1028,6 +1023,38 @@ mod tests {
             f => f.pods_down(),
         });
         assert_eq!(cut, Duration::from_millis(600));
+    }
+
+    #[test]
+    fn a_sentinel_set_aside_is_found_a_deleted_one_is_missing_and_a_lost_volume_is_exempt() {
+        let root = tempfile::tempdir().unwrap();
+        let volume = |o: u32| root.path().join(format!("pod-{o}"));
+        let mut s = Sentinels::new(7);
+        for o in 0..3 {
+            // No live data yet: nothing planted.
+            s.plant(o, &volume(o));
+            std::fs::create_dir_all(volume(o).join("member/wal")).unwrap();
+            s.plant(o, &volume(o));
+            s.plant(o, &volume(o)); // one per live directory
+        }
+        assert_eq!(s.count(), 3);
+        assert!(s.missing(volume).is_empty());
+        // Pod 0's data renamed aside (what the agent does), pod 1's deleted, pod 2's volume
+        // lost on purpose.
+        let aside = volume(0).join("set-aside/2026-11-24T00:00:00Z");
+        std::fs::create_dir_all(&aside).unwrap();
+        std::fs::rename(volume(0).join("member"), aside.join("member")).unwrap();
+        std::fs::remove_dir_all(volume(1).join("member")).unwrap();
+        std::fs::remove_dir_all(volume(2)).unwrap();
+        s.volume_lost(2);
+        let missing = s.missing(volume);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert_eq!(missing[0].0, 1);
+        assert!(missing[0].1.starts_with(SENTINEL_PREFIX), "{missing:?}");
+        // The new live data of a set-aside volume gets a sentinel of its own.
+        std::fs::create_dir_all(volume(0).join("member")).unwrap();
+        s.plant(0, &volume(0));
+        assert_eq!(s.count(), 4);
     }
 
     #[test]

@@ -611,12 +611,22 @@ impl Set {
         }
     }
 
-    /// The volume is lost: a fresh, empty data directory.
+    /// The volume is lost: the data directory emptied, as a new volume is mounted empty
+    /// (the directory itself stays: it may be a mount point, see [`Set::limit_volumes`]).
     pub fn wipe(&mut self, o: u32) -> Result<()> {
         let dir = self.pod(o).data_dir.clone();
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)
-                .map_err(Error::io(format!("removing {}", dir.display())))?;
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("reading {}", dir.display()))(e)),
+        };
+        for e in entries.filter_map(std::result::Result::ok) {
+            let path = e.path();
+            let r = match e.file_type().map(|t| t.is_dir()) {
+                Ok(true) => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+            r.map_err(Error::io(format!("removing {}", path.display())))?;
         }
         Ok(())
     }
@@ -1081,9 +1091,8 @@ fn cgroup2_root() -> Result<PathBuf> {
             (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
         })
         .next()
-        .ok_or_else(|| Error::Io {
-            what: "finding the cgroup2 mount (partitions need it)".into(),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        .ok_or_else(|| {
+            Error::Failed("no cgroup2 mount in /proc/mounts (partitions need one)".into())
         })
 }
 
@@ -1095,10 +1104,11 @@ fn run_tool(program: &str, args: &[&str]) -> Result<()> {
         .map_err(Error::io(what.clone()))?;
     match out.status.success() {
         true => Ok(()),
-        false => Err(Error::Io {
-            what: format!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim()),
-            source: std::io::Error::other(format!("exit {}", out.status)),
-        }),
+        false => Err(Error::Failed(format!(
+            "{what}: {} ({})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ))),
     }
 }
 
@@ -1299,10 +1309,9 @@ impl Set {
     /// the cut. [`Set::enable_partitions`] must have been called.
     pub fn partition(&mut self, o: u32, cut: bool) -> Result<()> {
         let Some(p) = self.partitions.as_mut() else {
-            return Err(Error::Io {
-                what: "partitioning a pod of a set without enable_partitions".into(),
-                source: std::io::Error::other("partitions not enabled"),
-            });
+            return Err(Error::Failed(format!(
+                "cutting pod {o} off: call enable_partitions first"
+            )));
         };
         match cut {
             true => p.cut.insert(o),
@@ -1350,10 +1359,9 @@ impl Set {
     pub fn fill_volume(&self, o: u32) -> Result<u64> {
         use std::io::Write as _;
         if self.volumes.is_none() {
-            return Err(Error::Io {
-                what: format!("filling pod {o}'s volume, which is not size-limited"),
-                source: std::io::Error::other("call limit_volumes before the pods start"),
-            });
+            return Err(Error::Failed(format!(
+                "filling pod {o}'s volume, which is not size-limited: call limit_volumes before the pods start"
+            )));
         }
         let path = self.data_dir(o).join(FILL_FILE);
         let mut f = std::fs::File::create(&path)
@@ -1364,7 +1372,7 @@ impl Set {
             match f.write(&chunk) {
                 Ok(0) => break,
                 Ok(n) => written += n as u64,
-                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
                 Err(e) => return Err(Error::io(format!("filling {}", path.display()))(e)),
             }
         }
@@ -1380,25 +1388,5 @@ impl Set {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io(format!("removing {}", path.display()))(e)),
         }
-    }
-
-    /// Empties pod `o`'s volume (a lost volume) also when it is a mount point, where
-    /// [`Set::wipe`] cannot remove the directory itself.
-    pub fn wipe_contents(&mut self, o: u32) -> Result<()> {
-        let dir = self.pod(o).data_dir.clone();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io(format!("reading {}", dir.display()))(e)),
-        };
-        for e in entries.filter_map(std::result::Result::ok) {
-            let path = e.path();
-            let r = match e.file_type().map(|t| t.is_dir()) {
-                Ok(true) => std::fs::remove_dir_all(&path),
-                _ => std::fs::remove_file(&path),
-            };
-            r.map_err(Error::io(format!("removing {}", path.display())))?;
-        }
-        Ok(())
     }
 }
