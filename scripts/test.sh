@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Scenarios are mostly waiting on etcd; three at a time fit two cores.
-exec cargo test --locked -- --test-threads="${STEWARD_TEST_THREADS:-3}" "$@"
+exec cargo test --locked --no-fail-fast -- --test-threads="${STEWARD_TEST_THREADS:-3}" "$@"

@@ -440,7 +440,7 @@ impl CommonArgs {
                 None
             }
         };
-        let backup = self.backup.validate(&mut problems);
+        let backup = self.backup.validate(&self.etcd_bin, &mut problems);
         let defrag = self.defrag.validate(&mut problems);
         let (kube, scale_in) = self
             .kube
@@ -508,6 +508,36 @@ fn find_executable(bin: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| {
             format!("--etcd-bin {bin:?} was not found on PATH; install etcd or give its full path")
         })
+}
+
+/// With backups configured (a restore or a drill may run): runs etcd's offline tool once,
+/// bounded, and keeps what it learned (its version, whether it can move the revision
+/// forward). A tool that does not run is refused here, at start, rather than when every
+/// volume is lost and the restore needs it.
+pub async fn check_restore_tool(cfg: &mut Config) -> Result<(), ConfigError> {
+    let Some(backup) = cfg.backup.as_mut() else {
+        return Ok(());
+    };
+    let looked = backup.tool.looked_at();
+    match backup
+        .tool
+        .clone()
+        .check(crate::backup::tool::CHECK_TIMEOUT)
+        .await
+    {
+        Ok(tool) => {
+            backup.tool = tool;
+            Ok(())
+        }
+        Err(e) => {
+            let said = e.to_string().replace(['\n', '\r'], " ");
+            Err(ConfigError {
+                problems: vec![format!(
+                    "--etcdutl-bin: etcd's offline tool, which restores and drills need with --backup-url, does not run: {said} (looked at {looked}; give its path with --etcdutl-bin)"
+                )],
+            })
+        }
+    }
 }
 
 impl InitArgs {
@@ -722,9 +752,19 @@ pub struct BackupArgs {
     #[arg(long, env = "ETCD_STEWARD_BACKUP_KEEP", default_value = "48")]
     pub backup_keep: String,
     /// etcd's offline tool for restores and drills: etcdutl (etcd 3.5+), or for etcd 3.4 a
-    /// path whose file name contains `etcdctl` (run with ETCDCTL_API=3).
-    #[arg(long, env = "ETCD_STEWARD_ETCDUTL_BIN", default_value = "etcdutl")]
-    pub etcdutl_bin: PathBuf,
+    /// path whose file name contains `etcdctl` (run with ETCDCTL_API=3) [default: etcdutl,
+    /// else etcdctl, beside --etcd-bin, then on PATH].
+    #[arg(long, env = "ETCD_STEWARD_ETCDUTL_BIN")]
+    pub etcdutl_bin: Option<PathBuf>,
+    /// How far every restore from a backup moves the revision forward
+    /// (`etcdutl snapshot restore --bump-revision N --mark-compacted`), so the restored
+    /// revision is above any the cluster served and watchers re-list; `0` turns it off.
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_RESTORE_BUMP_REVISION",
+        default_value = "1000000000"
+    )]
+    pub restore_bump_revision: String,
     /// Scratch space for the restore drill (an emptyDir: the root file system is read-only).
     #[arg(
         long,
@@ -752,8 +792,12 @@ pub struct BackupArgs {
 
 impl BackupArgs {
     /// The typed backup options, or `None` without `--backup-url`; adds every broken
-    /// constraint to `problems`.
-    pub fn validate(&self, problems: &mut Vec<String>) -> Option<crate::backup::BackupConfig> {
+    /// constraint to `problems`. `etcd_bin` is where the restore tool is looked for first.
+    pub fn validate(
+        &self,
+        etcd_bin: &Path,
+        problems: &mut Vec<String>,
+    ) -> Option<crate::backup::BackupConfig> {
         use crate::backup::{BackupConfig, EtcdTool, RestoreChoice};
         let before = problems.len();
         let url = self.backup_url.as_deref().filter(|u| !u.is_empty());
@@ -778,6 +822,17 @@ impl BackupArgs {
                 problems.push(format!(
                     "--backup-keep must be a whole number of at least 1, got {:?}",
                     self.backup_keep
+                ));
+                0
+            }
+        };
+        // Below i64::MAX with room: etcd's revisions are signed 64-bit.
+        let bump_revision = match self.restore_bump_revision.parse::<u64>() {
+            Ok(n) if n <= 1 << 62 => n,
+            _ => {
+                problems.push(format!(
+                    "--restore-bump-revision must be a whole number from 0 to 2^62, got {:?}",
+                    self.restore_bump_revision
                 ));
                 0
             }
@@ -840,7 +895,14 @@ impl BackupArgs {
             url: url.unwrap_or_default().to_string(),
             interval,
             keep,
-            tool: EtcdTool::from_bin(self.etcdutl_bin.clone()),
+            tool: EtcdTool {
+                bump_revision,
+                ..EtcdTool::resolve(
+                    self.etcdutl_bin.as_deref(),
+                    etcd_bin,
+                    std::env::var_os("PATH").as_deref(),
+                )
+            },
             scratch_dir: self.backup_scratch_dir.clone(),
             restore,
             keys,
@@ -1172,7 +1234,8 @@ mod tests {
             assert_eq!(b.interval, Duration::from_secs(1800));
             assert_eq!(b.keep, 48);
             assert_eq!(b.restore, crate::backup::RestoreChoice::Latest);
-            assert_eq!(b.tool.kind, crate::backup::tool::ToolKind::Etcdutl);
+            // Which tool is found depends on this machine's PATH (tool.rs tests the search).
+            assert_eq!(b.tool.bump_revision, 1_000_000_000);
         }
 
         #[test]
@@ -1190,6 +1253,8 @@ mod tests {
                 "0",
                 "--restore",
                 "../x",
+                "--restore-bump-revision",
+                "1e9",
             ])
             .validate()
             .unwrap_err();
@@ -1200,6 +1265,7 @@ mod tests {
                 "--backup-interval",
                 "--backup-keep",
                 "--restore",
+                "--restore-bump-revision",
             ] {
                 assert!(all.contains(flag), "{flag} missing from {all}");
             }

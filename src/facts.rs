@@ -41,18 +41,44 @@ pub struct WalTail {
     /// The index and term of the last entry written (committed or not).
     pub last_index: u64,
     pub last_term: u64,
-    /// The commit index of the newest hard state: what `--force-new-cluster` keeps
-    /// (etcd discards the entries after it).
+    /// The commit index of the newest hard state: etcd's raft writes a hard state whose
+    /// only change is the commit index without an fsync, so after a SIGKILL it may lag the
+    /// entries the cluster acknowledged.
     pub commit: u64,
     /// The term of the newest hard state.
     pub term: u64,
+    /// Whether the last WAL file was read whole to its end (the preallocated zeros or the
+    /// file's end), every record continuing its CRC chain: only then can a recovery move
+    /// the commit index to the last entry and keep the whole log. `false` from a sidecar
+    /// older than this field.
+    #[serde(default)]
+    pub clean_end: bool,
 }
 
 impl WalTail {
-    /// Orders volumes by how much of the cluster's history they can bring back: the
-    /// committed log first (what a forced restart keeps), then the log's end.
+    /// Orders volumes by raft's up-to-date rule: the last entry's term, then its index
+    /// (then the commit index, for a stable choice).
     pub fn freshness(&self) -> (u64, u64, u64) {
-        (self.commit, self.last_term, self.last_index)
+        (self.last_term, self.last_index, self.commit)
+    }
+
+    /// The entries after the commit index a recovery from this volume keeps: every one
+    /// when the tail reads cleanly and no entry is newer than the hard state's term (the
+    /// commit index is moved to the last entry before the forced start,
+    /// `volume::wal::commit_patch`), none otherwise (`--force-new-cluster` discards them).
+    pub fn keeps_beyond_commit(&self) -> u64 {
+        if self.clean_end && self.last_term <= self.term {
+            self.last_index.saturating_sub(self.commit)
+        } else {
+            0
+        }
+    }
+
+    /// The entries after the commit index a recovery from this volume discards.
+    pub fn discards_beyond_commit(&self) -> u64 {
+        self.last_index
+            .saturating_sub(self.commit)
+            .saturating_sub(self.keeps_beyond_commit())
     }
 }
 
@@ -99,7 +125,8 @@ pub struct RestoreRequest {
 }
 
 /// The survivor's record, written in its volume before etcd is started with
-/// `--force-new-cluster`: the recovery's ID and the commit index the WAL held then. Once
+/// `--force-new-cluster`: the recovery's ID and the commit index the forced start begins
+/// from (the WAL's last entry, once `init` moved the commit index there). Once
 /// the WAL's commit index has moved past it, the forced start has happened and is never
 /// repeated (a lone member without quorum cannot advance its commit index).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +153,53 @@ pub struct LeftMarker {
     pub member_id: u64,
 }
 
+/// A snapshot this pod downloaded to restore a new cluster from and could not use. It is
+/// remembered only for what cannot change by itself: the same bytes, or the same keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    pub name: String,
+    #[serde(flatten)]
+    pub failed: Failed,
+}
+
+/// What a rejected snapshot failed, and on what: the content it was found wanting in, and
+/// for a key that does not open it, the keys tried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "failed", rename_all = "kebab-case")]
+pub enum Failed {
+    /// The downloaded bytes did not match the manifest's SHA-256 and size, etcd's own
+    /// checksum, or (encrypted) the ciphertext's authentication: those bytes never will.
+    Checksum {
+        content: SnapshotContent,
+        detail: String,
+    },
+    /// No configured key opens it: it is encrypted to `encrypted_to`, and `configured` are
+    /// the fingerprints of the keys that were tried (none: no key was configured).
+    Key {
+        content: SnapshotContent,
+        encrypted_to: String,
+        configured: Vec<String>,
+    },
+    /// Written by an etcd-steward that recorded only the name and a sentence (a list of
+    /// `[name, detail]` pairs): neither the content nor the keys are known.
+    Unrecorded { detail: String },
+}
+
+/// What a stored snapshot's bytes are, as far as the store and the manifest say: another
+/// object uploaded under the same name (another ETag or size) or a rewritten manifest
+/// (another SHA-256) is other content.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotContent {
+    /// The SHA-256 the manifest gives for the stored object.
+    pub sha256: String,
+    /// The stored object's size, as the store lists it (`None`: not listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// The stored object's ETag (`None`: not listed, or the store gives none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+}
+
 /// What the data directory holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataDirState {
@@ -142,8 +216,9 @@ pub struct DataDirState {
     pub formation: Option<Formation>,
     /// Anomalies worth a line in the decision log (an unreadable marker, …).
     pub notes: Vec<String>,
-    /// Snapshots this pod downloaded for a restore and found corrupt: (name, why).
-    pub rejected_snapshots: Vec<(String, String)>,
+    /// Snapshots this pod downloaded for a restore and could not use, with what was
+    /// wanting (`member/steward/rejected-snapshots.json`).
+    pub rejected_snapshots: Vec<Rejection>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -282,6 +357,33 @@ pub struct PeerReport {
     /// The last time this pod's sidecar saw the cluster list its member (see [`Vouch`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vouch: Option<Vouch>,
+    /// What `init` waits for, while etcd does not answer here and the note is newer than
+    /// init's last act (see [`Waiting::current`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
+}
+
+/// What `init` is waiting for (`member/steward/waiting.json`): written when the reason
+/// changes, removed when init goes on to act, shown by `/ready`, the peer report and
+/// `status`. Not data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// Unix time, seconds, since when init waits for this reason.
+    pub since: u64,
+    /// A short machine name for the reason (the decision's reason variant, or
+    /// `ActionNotDone` for an action that failed and is tried again).
+    pub kind: String,
+    /// The sentence init logs for it.
+    pub reason: String,
+}
+
+impl Waiting {
+    /// Whether the note still says what init is doing: it is newer than init's last act
+    /// (`last_act`, its journal's last entry). A note left behind by an init that went on to
+    /// start etcd (its removal failed, or an older etcd-steward) is older, and says nothing.
+    pub fn current(&self, last_act: Option<u64>) -> bool {
+        last_act.is_none_or(|ts| self.since > ts)
+    }
 }
 
 /// One decision `init` acted on: when (unix seconds), what, and the sentence it logged.
@@ -449,11 +551,23 @@ pub enum BackupFacts {
     NotAsked,
     /// The store could not be listed: no proof that there is nothing to restore.
     Unreachable { error: String },
-    /// The store's snapshots, newest first, and which one `--restore` wants.
+    /// The store's snapshots, newest first, which one `--restore` wants, and the
+    /// fingerprints of the decryption keys configured now (sorted; empty: none).
     Listed {
         wanted: RestoreWanted,
         snapshots: Vec<SnapshotFacts>,
+        keys: Vec<String>,
     },
+}
+
+impl BackupFacts {
+    /// Snapshot `name`, when the store listed it this round.
+    pub fn snapshot(&self, name: &str) -> Option<&SnapshotFacts> {
+        match self {
+            BackupFacts::Listed { snapshots, .. } => snapshots.iter().find(|s| s.name == name),
+            _ => None,
+        }
+    }
 }
 
 /// `--restore`: `latest` or a snapshot's name (`never` is [`BackupFacts::Off`]).
@@ -475,6 +589,10 @@ pub struct SnapshotFacts {
     pub verified: bool,
     /// A restore drill of it failed.
     pub drill_failed: bool,
+    /// The stored object's identity: a rejection holds only for the same content.
+    pub content: SnapshotContent,
+    /// The fingerprint of the key it is encrypted to (`None`: not encrypted).
+    pub key: Option<String>,
 }
 
 /// The kinds of action `init` takes, as logs, metrics and the journal name them.

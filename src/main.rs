@@ -73,13 +73,18 @@ fn main() -> ExitCode {
     etcd_steward::logs::init();
     match cli.command {
         Command::Init(args) => {
-            let cfg = match args.validate() {
+            let mut cfg = match args.validate() {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("etcd-steward: {e}");
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
+            if !cfg.dry_run {
+                if let Err(code) = tool_checked(&mut cfg.config) {
+                    return code;
+                }
+            }
             let outcome = runtime().and_then(|rt| {
                 let dns = HickoryDns::new(cfg.config.dns_server)?;
                 let connector = EtcdClientConnector::new(&cfg.config);
@@ -110,10 +115,13 @@ fn main() -> ExitCode {
             )),
         },
         Command::Sidecar(args) => {
-            let cfg = match validated(&args.common) {
+            let mut cfg = match validated(&args.common) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            if let Err(code) = tool_checked(&mut cfg) {
+                return code;
+            }
             let result = with_cluster(cfg, |cfg, dns, connector| async move {
                 let (tx, rx) = tokio::sync::watch::channel(false);
                 tokio::spawn(stop_on_sigterm(tx));
@@ -200,10 +208,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Backup(args) => {
-            let cfg = match validated(&args.common) {
+            let mut cfg = match validated(&args.common) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            if args.drill {
+                if let Err(code) = tool_checked(&mut cfg) {
+                    return code;
+                }
+            }
             let Some(backup_cfg) = cfg.backup.clone() else {
                 eprintln!("etcd-steward: backup needs --backup-url (or ETCD_STEWARD_BACKUP_URL)");
                 return ExitCode::from(EXIT_CONFIG);
@@ -224,6 +237,19 @@ fn main() -> ExitCode {
 /// line on stderr).
 fn validated(common: &CommonArgs) -> Result<Config, ExitCode> {
     common.validate().map_err(|e| {
+        eprintln!("etcd-steward: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+/// etcd's offline tool run once at start when backups are configured (a restore or a drill
+/// needs it), or the exit code of a configuration error (said in one line on stderr).
+fn tool_checked(cfg: &mut Config) -> Result<(), ExitCode> {
+    let checked = match runtime() {
+        Ok(rt) => rt.block_on(etcd_steward::config::check_restore_tool(cfg)),
+        Err(e) => return Err(fail(&e)),
+    };
+    checked.map_err(|e| {
         eprintln!("etcd-steward: {e}");
         ExitCode::from(EXIT_CONFIG)
     })

@@ -11,7 +11,7 @@ use crate::backup::Backups;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
-use crate::facts::{LastDecision, MemberInfo, PeerReport};
+use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
 use crate::init::observe::{HttpReports, Observer};
 
 const CALL: Duration = Duration::from_secs(2);
@@ -36,6 +36,8 @@ pub struct PodStatus {
     pub last_decision: Option<LastDecision>,
     /// A recovery or restore this pod's sidecar holds or its volume records.
     pub requests: Vec<String>,
+    /// What init waits for, while etcd does not answer there (the pod's peer report).
+    pub waiting: Option<Waiting>,
 }
 
 /// The newest snapshot in the store, when backups are configured.
@@ -47,6 +49,8 @@ pub struct BackupStatus {
     pub newest_age_seconds: Option<u64>,
     pub newest_verified: Option<bool>,
     pub error: Option<String>,
+    /// What a restore would run, and whether it moves the revision forward (a sentence).
+    pub restore_tool: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -156,6 +160,7 @@ where
             Err(why) => why.clone(),
         };
         let s = answered.as_ref().ok();
+        let waiting = report.as_ref().ok().and_then(|r| r.waiting.clone());
         let (volume, last_decision, requests) = match report {
             Ok(r) => {
                 let mut requests = Vec::new();
@@ -191,6 +196,7 @@ where
             volume,
             last_decision,
             requests,
+            waiting,
         });
     }
     let answered: Vec<&String> = out.iter().filter_map(|p| p.member_id.as_ref()).collect();
@@ -244,6 +250,12 @@ async fn backup_status(cfg: &Config, b: &crate::backup::BackupConfig) -> BackupS
         newest_age_seconds: None,
         newest_verified: None,
         error: None,
+        restore_tool: restore_tool(
+            &b.tool
+                .clone()
+                .check(crate::backup::tool::CHECK_TIMEOUT)
+                .await,
+        ),
     };
     let listed = match Backups::new(b, cfg.etcd_bin.clone()) {
         Ok(backups) => backups.list().await.map_err(|e| e.to_string()),
@@ -261,6 +273,31 @@ async fn backup_status(cfg: &Config, b: &crate::backup::BackupConfig) -> BackupS
         Err(e) => s.error = Some(e),
     }
     s
+}
+
+/// The restore tool as `status` reports it: which one, and what a restore does to the
+/// revision with it (and which tool the jump needs when it cannot).
+fn restore_tool(
+    checked: &Result<crate::backup::EtcdTool, crate::backup::tool::ToolError>,
+) -> String {
+    use crate::backup::tool::{Jump, JUMP_NEEDS};
+    match checked {
+        Err(e) => {
+            format!("the restore tool does not run: {e}; restores and drills fail (--etcdutl-bin)")
+        }
+        Ok(t) => {
+            let which = format!(
+                "{} ({})",
+                t.bin.display(),
+                t.version.as_deref().unwrap_or("version unknown")
+            );
+            match t.jump() {
+                Jump::By(n) => format!("{which}; a restore moves the revision forward by {n} (older revisions read as compacted)"),
+                Jump::Off => format!("{which}; --restore-bump-revision 0: a restore takes the revision back to the snapshot's"),
+                Jump::Unsupported => format!("{which} cannot move a restore's revision forward: a restore takes it back to the snapshot's; the jump needs {JUMP_NEEDS}"),
+            }
+        }
+    }
 }
 
 fn size(bytes: Option<i64>) -> String {
@@ -335,6 +372,12 @@ pub fn render(s: &ClusterStatus) -> String {
         for r in &p.requests {
             out.push_str(&format!("{}: {r}\n", p.pod));
         }
+        if let Some(w) = &p.waiting {
+            out.push_str(&format!(
+                "{}: init is waiting (since @{}): {}\n",
+                p.pod, w.since, w.reason
+            ));
+        }
     }
     if let Some(b) = &s.backups {
         out.push('\n');
@@ -353,6 +396,7 @@ pub fn render(s: &ClusterStatus) -> String {
                 }
             )),
         }
+        out.push_str(&format!("restores: {}\n", b.restore_tool));
     }
     out
 }
@@ -410,6 +454,7 @@ mod tests {
                 reason: "the volume holds the data of member 8e9e".into(),
             }),
             requests: vec![],
+            waiting: None,
         }
     }
 
@@ -420,6 +465,11 @@ mod tests {
         down.db_size = None;
         down.alarms = vec!["NOSPACE".into()];
         down.requests = vec!["recovery r1 from etcd-0 requested".into()];
+        down.waiting = Some(Waiting {
+            since: 1_700_000_100,
+            kind: "NoUsableBackup".into(),
+            reason: "no backup is usable: s1 is encrypted to key sha256:aa".into(),
+        });
         let s = ClusterStatus {
             cluster_id: Some("64a97c88a32f23bf".into()),
             leader: Some("etcd-0".into()),
@@ -438,6 +488,11 @@ mod tests {
                 newest_age_seconds: Some(600),
                 newest_verified: Some(true),
                 error: None,
+                restore_tool: restore_tool(&Ok(crate::backup::EtcdTool {
+                    bump_revision: 1000,
+                    version: Some("etcdctl version: 3.4.23".into()),
+                    ..crate::backup::EtcdTool::from_bin("/usr/bin/etcdctl")
+                })),
             }),
         };
         let text = render(&s);
@@ -457,6 +512,10 @@ mod tests {
             text.contains("etcd-2: recovery r1 from etcd-0 requested"),
             "{text}"
         );
+        assert!(
+            text.contains("etcd-2: init is waiting (since @1700000100): no backup is usable: s1 is encrypted to key sha256:aa\n"),
+            "{text}"
+        );
         assert!(text.contains("member etcd-9 (abc): listed by the cluster, no pod answers for it"));
         assert!(
             text.contains("restart @1700000000: the volume holds"),
@@ -464,6 +523,11 @@ mod tests {
         );
         assert!(
             text.contains("4 stored; newest 20261124T080000.000Z-r9, 10m ago, verified"),
+            "{text}"
+        );
+        assert!(
+            text.contains("restores: /usr/bin/etcdctl (etcdctl version: 3.4.23) cannot move a restore's revision forward")
+                && text.contains("the jump needs an etcdutl 3.5.x whose snapshot restore has --bump-revision"),
             "{text}"
         );
     }

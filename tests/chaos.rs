@@ -16,6 +16,11 @@
 //! ```
 //!
 //! A failing seed is replayed with `CHAOS_SEEDS=<seed> …` and, once fixed, joins `FIXED_SEEDS`.
+//!
+//! Generator 3 (`CHAOS_GENERATOR=3 …`, loopback only) ends each schedule with one disaster
+//! (`harness::disaster`): every volume lost after a verified backup, or a majority lost for
+//! good with every pod down and recovered from the survivor (`recover --yes` or the sidecars'
+//! `--auto-recover-after`). Its fixed seeds are `FIXED_DISASTER_SEEDS`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,6 +41,16 @@ const RESULTS_HEADER: &str =
 /// generator that wrote its line.
 const GENERATOR: u32 = 2;
 const SPAN: Duration = Duration::from_secs(20);
+/// The generation of `Schedule::generate_disaster`: generator 2's faults (fewer, over a
+/// shorter span), then one disaster. Its lines are counted apart in the figure.
+const DISASTER_GENERATOR: u32 = 3;
+const DISASTER_FAULTS: usize = 3;
+const DISASTER_SPAN: Duration = Duration::from_secs(8);
+
+/// Generator-3 seeds CI replays on etcd 3.5.1 (`ETCD_3_5_BIN` runs them on another
+/// release): every volume lost; a majority lost and `recover --yes`; a majority lost and
+/// the sidecars' own recovery.
+const FIXED_DISASTER_SEEDS: &[u64] = &[2, 12, 13];
 
 /// Seeds CI replays, each against one etcd release (every release sees some).
 const FIXED_SEEDS: &[(u64, Etcd)] = &[
@@ -49,7 +64,20 @@ const FIXED_SEEDS: &[(u64, Etcd)] = &[
 /// Plays the schedule of `seed`; the outcome, and what the checker found wrong said with
 /// the schedule and the pods' logs.
 async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>) {
-    let schedule = Schedule::generate(seed, 3, FAULTS, SPAN);
+    play(Schedule::generate(seed, 3, FAULTS, SPAN), etcd).await
+}
+
+/// The schedule of `generator` from `seed`.
+fn schedule_of(generator: u32, seed: u64) -> Schedule {
+    match generator {
+        DISASTER_GENERATOR => Schedule::generate_disaster(seed, 3, DISASTER_FAULTS, DISASTER_SPAN),
+        _ => Schedule::generate(seed, 3, FAULTS, SPAN),
+    }
+}
+
+/// Plays `schedule` on a new set of `etcd`; as [`one_schedule`].
+async fn play(schedule: Schedule, etcd: Etcd) -> (chaos::Outcome, Option<String>) {
+    let seed = schedule.seed;
     eprintln!("{schedule}");
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     chaos::prepare(&mut set, &schedule).unwrap();
@@ -154,6 +182,56 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_disaster_seeds_lose_no_acknowledged_write() {
+    let mut struck = Vec::new();
+    for seed in FIXED_DISASTER_SEEDS {
+        let started = std::time::Instant::now();
+        let (o, failure) = play(schedule_of(DISASTER_GENERATOR, *seed), Etcd::V3_5).await;
+        if let Some(f) = failure {
+            panic!("{f}");
+        }
+        let d = o.disaster.as_ref().expect("the disaster struck");
+        assert!(
+            d.acked_before > 0 && o.writes.acked > d.acked_before,
+            "seed {seed}: writes acknowledged before the disaster and after it"
+        );
+        eprintln!(
+            "seed {seed} ({}): {} in {:?}; {} writes before it, {} had to survive; backups {:?}; recoveries {:?}; HashKV {:x?} at revision {}; revision jump checked: {}",
+            d.disaster,
+            o.tsv_line(),
+            started.elapsed(),
+            d.acked_before,
+            d.must_hold(&o.writes),
+            d.backups,
+            d.recoveries,
+            d.hashes,
+            d.hash_revision,
+            d.bump_checked
+        );
+        struck.push(d.disaster.clone());
+    }
+    use harness::disaster::Disaster;
+    assert!(
+        struck.contains(&Disaster::LoseEveryVolume)
+            && struck.iter().any(|d| matches!(
+                d,
+                Disaster::LoseMajority {
+                    recover_in: Some(_),
+                    ..
+                }
+            ))
+            && struck.iter().any(|d| matches!(
+                d,
+                Disaster::LoseMajority {
+                    recover_in: None,
+                    ..
+                }
+            )),
+        "the fixed disaster seeds cover every disaster: {struck:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "open-ended: CHAOS_SCHEDULES=N (or CHAOS_SEEDS=a,b,…) appends to chaos-results.tsv"]
 async fn open_ended_schedules_append_to_the_results_file() {
     let seeds: Vec<u64> = match std::env::var("CHAOS_SEEDS") {
@@ -171,11 +249,19 @@ async fn open_ended_schedules_append_to_the_results_file() {
             (0..n).map(|i| base + i).collect()
         }
     };
+    let generator: u32 = std::env::var("CHAOS_GENERATOR")
+        .ok()
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(GENERATOR);
+    assert!(
+        generator == GENERATOR || generator == DISASTER_GENERATOR,
+        "CHAOS_GENERATOR must be {GENERATOR} or {DISASTER_GENERATOR}"
+    );
     let releases = [Etcd::V3_5Current, Etcd::V3_4, Etcd::V3_5];
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/chaos-results.tsv");
     for seed in seeds {
         let etcd = releases[(seed % 3) as usize];
-        let (o, failure) = one_schedule(seed, etcd).await;
+        let (o, failure) = play(schedule_of(generator, seed), etcd).await;
         if !std::path::Path::new(path).exists() {
             std::fs::write(path, RESULTS_HEADER).unwrap();
         }
@@ -184,7 +270,7 @@ async fn open_ended_schedules_append_to_the_results_file() {
             .append(true)
             .open(path)
             .unwrap();
-        writeln!(f, "{}\t{etcd:?}\t{GENERATOR}", o.tsv_line()).unwrap();
+        writeln!(f, "{}\t{etcd:?}\t{generator}", o.tsv_line()).unwrap();
         if let Some(failure) = failure {
             panic!("{failure}");
         }

@@ -127,6 +127,60 @@ fn an_etcd_binary_that_is_missing_or_not_executable_is_refused() {
 }
 
 #[test]
+fn init_and_sidecar_with_backups_but_no_restore_tool_anywhere_exit_64_naming_etcdutl_bin() {
+    let dir = tempfile::tempdir().unwrap();
+    // etcd with nothing beside it, and a PATH that holds no etcdutl or etcdctl.
+    let opt = dir.path().join("opt-etcd");
+    let empty_path = dir.path().join("empty-path");
+    std::fs::create_dir_all(&opt).unwrap();
+    std::fs::create_dir_all(&empty_path).unwrap();
+    let etcd = opt.join("etcd");
+    std::fs::write(&etcd, "#!/bin/sh\nsleep 600\n").unwrap();
+    std::fs::set_permissions(&etcd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    let (data_arg, etcd_arg, store_arg) = (
+        format!("--data-dir={}", data.display()),
+        format!("--etcd-bin={}", etcd.display()),
+        format!("--backup-url=file://{}", dir.path().join("store").display()),
+    );
+    for role in ["init", "sidecar"] {
+        // Bounded: an agent that started anyway is stopped (exit 124) instead of hanging.
+        let out = Command::new("/usr/bin/timeout")
+            .args(["20", env!("CARGO_BIN_EXE_etcd-steward")])
+            .args([role, "--name=etcd-0", "--replicas=1", "--http-port=18931"])
+            .args([&data_arg, &etcd_arg, &store_arg])
+            .env_remove("HOSTNAME")
+            .env_remove("POD_NAME")
+            .env_remove("ETCD_STEWARD_ETCDUTL_BIN")
+            .env("PATH", &empty_path)
+            .env("ETCD_STEWARD_LOG", "off")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{role}: {stderr}");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{role}: one line: {stderr}"
+        );
+        for needle in [
+            "--etcdutl-bin".to_string(),
+            opt.join("etcdutl").display().to_string(),
+            empty_path.join("etcdctl").display().to_string(),
+        ] {
+            assert!(stderr.contains(&needle), "{role}: {needle:?} in {stderr}");
+        }
+        assert!(
+            !stderr.contains(
+                "cannot run \"etcdutl\": No such file or directory (os error 2): cannot run"
+            ),
+            "{role}: each cause said once: {stderr}"
+        );
+        assert!(!data.exists(), "{role}: nothing was created");
+    }
+}
+
+#[test]
 fn unreadable_tls_files_are_configuration_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = dir.path().join("peer.pem");

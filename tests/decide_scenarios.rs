@@ -6,9 +6,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
-    RestoreWanted, SnapshotFacts, VersionFacts, WalIdentity, WalState, WalTail,
+    RestoreWanted, SnapshotContent, SnapshotFacts, VersionFacts, WalIdentity, WalState, WalTail,
 };
 use etcd_steward::facts::{EtcdVersion, PeerVersion};
+use etcd_steward::facts::{Failed, Rejection};
 use etcd_steward::init::decide::{decide, Action, Bootstrap, Decision, SetAsideWhy, Why};
 
 // ---------------------------------------------------------------------------------------
@@ -294,6 +295,7 @@ fn tail(commit: u64) -> WalTail {
         last_term: 4,
         commit,
         term: 4,
+        clean_end: true,
     }
 }
 
@@ -514,6 +516,7 @@ fn store_listing(names: &[&str]) -> BackupFacts {
     BackupFacts::Listed {
         wanted: RestoreWanted::Named(restore_request().snapshot),
         snapshots: names.iter().map(|n| snapshot(n, true)).collect(),
+        keys: vec![],
     }
 }
 
@@ -1328,6 +1331,17 @@ fn snapshot(name: &str, verified: bool) -> SnapshotFacts {
         time_unix: 1_700_000_000,
         verified,
         drill_failed: false,
+        content: content("etag-1"),
+        key: None,
+    }
+}
+
+/// A stored object as the store lists it (the manifest's SHA-256, its size and ETag).
+fn content(etag: &str) -> SnapshotContent {
+    SnapshotContent {
+        sha256: "5ca1ab1e".into(),
+        size: Some(4096),
+        etag: Some(etag.into()),
     }
 }
 
@@ -1335,6 +1349,7 @@ fn with_backups(mut f: Facts, snapshots: Vec<SnapshotFacts>) -> Facts {
     f.backups = BackupFacts::Listed {
         wanted: RestoreWanted::Latest,
         snapshots,
+        keys: vec![],
     };
     f
 }
@@ -1399,10 +1414,136 @@ fn a_snapshot_this_pod_found_corrupt_on_download_is_skipped() {
         facts(),
         vec![snapshot("torn", true), snapshot("good", true)],
     );
-    f.data
-        .rejected_snapshots
-        .push(("torn".into(), "sha256 mismatch".into()));
+    f.data.rejected_snapshots.push(Rejection {
+        name: "torn".into(),
+        failed: Failed::Checksum {
+            content: content("etag-1"),
+            detail: "sha256 mismatch".into(),
+        },
+    });
     assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("good".into())));
+}
+
+/// With the configured keys `keys`, one encrypted snapshot `s1` (to key `sha256:right`).
+fn encrypted_backup(keys: &[&str]) -> Facts {
+    let mut s1 = snapshot("s1", true);
+    s1.key = Some("sha256:right".into());
+    let mut f = facts();
+    f.backups = BackupFacts::Listed {
+        wanted: RestoreWanted::Latest,
+        snapshots: vec![s1],
+        keys: {
+            // As the observer gives them: sorted.
+            let mut keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            keys.sort();
+            keys
+        },
+    };
+    f
+}
+
+fn no_key_opened_it(configured: &[&str]) -> Rejection {
+    Rejection {
+        name: "s1".into(),
+        failed: Failed::Key {
+            content: content("etag-1"),
+            encrypted_to: "sha256:right".into(),
+            configured: configured.iter().map(|k| k.to_string()).collect(),
+        },
+    }
+}
+
+#[test]
+fn a_snapshot_no_key_opened_is_still_skipped_with_the_same_keys_and_the_reason_names_them() {
+    let mut f = encrypted_backup(&["sha256:wrong", "sha256:older"]);
+    f.data.rejected_snapshots = vec![no_key_opened_it(&["sha256:older", "sha256:wrong"])];
+    let d = decide(&f);
+    assert_waits(
+        &d,
+        &[
+            "s1 is encrypted to key sha256:right",
+            "the keys configured now (sha256:older, sha256:wrong) do not open it",
+            "tried again once the configured keys change",
+        ],
+    );
+    assert!(!d.reason().contains("checksum"), "{}", d.reason());
+}
+
+#[test]
+fn a_snapshot_no_key_opened_is_tried_again_once_the_keys_change() {
+    let mut f = encrypted_backup(&["sha256:right"]);
+    f.data.rejected_snapshots = vec![no_key_opened_it(&["sha256:wrong"])];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+    // A key added beside the wrong one is a change too.
+    let mut f = encrypted_backup(&["sha256:right", "sha256:wrong"]);
+    f.data.rejected_snapshots = vec![no_key_opened_it(&["sha256:wrong"])];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+}
+
+#[test]
+fn an_encrypted_snapshot_tried_without_keys_is_tried_again_once_a_key_is_configured() {
+    let mut f = encrypted_backup(&[]);
+    f.data.rejected_snapshots = vec![no_key_opened_it(&[])];
+    assert_waits(&decide(&f), &["the keys configured now (none)"]);
+    let mut f = encrypted_backup(&["sha256:right"]);
+    f.data.rejected_snapshots = vec![no_key_opened_it(&[])];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+}
+
+#[test]
+fn a_re_uploaded_object_that_failed_its_checksum_is_tried_again() {
+    let torn = Rejection {
+        name: "s1".into(),
+        failed: Failed::Checksum {
+            content: content("etag-1"),
+            detail: "the stored object differs from its manifest".into(),
+        },
+    };
+    let mut f = with_backups(facts(), vec![snapshot("s1", true)]);
+    f.data.rejected_snapshots = vec![torn.clone()];
+    assert_waits(
+        &decide(&f),
+        &[
+            "s1 failed its checksum when this pod downloaded it",
+            "differs from its manifest",
+        ],
+    );
+    // The same name, uploaded again: another ETag.
+    let mut again = snapshot("s1", true);
+    again.content = content("etag-2");
+    let mut f = with_backups(facts(), vec![again]);
+    f.data.rejected_snapshots = vec![torn.clone()];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+    // The manifest rewritten (another SHA-256), the object's listing unchanged.
+    let mut rewritten = snapshot("s1", true);
+    rewritten.content.sha256 = "f00d".into();
+    let mut f = with_backups(facts(), vec![rewritten]);
+    f.data.rejected_snapshots = vec![torn];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+}
+
+#[test]
+fn a_rejection_an_older_version_recorded_by_name_only_is_tried_once_more() {
+    let mut f = with_backups(facts(), vec![snapshot("s1", true)]);
+    f.data.rejected_snapshots = vec![Rejection {
+        name: "s1".into(),
+        failed: Failed::Unrecorded {
+            detail: "snapshot s1 fails its checksum: sha256 mismatch".into(),
+        },
+    }];
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("s1".into())));
+}
+
+#[test]
+fn a_named_snapshot_no_key_opened_waits_naming_the_keys_not_a_checksum() {
+    let mut f = encrypted_backup(&["sha256:wrong"]);
+    if let BackupFacts::Listed { wanted, .. } = &mut f.backups {
+        *wanted = RestoreWanted::Named("s1".into());
+    }
+    f.data.rejected_snapshots = vec![no_key_opened_it(&["sha256:wrong"])];
+    let d = decide(&f);
+    assert_waits(&d, &["--restore names snapshot s1", "sha256:wrong"]);
+    assert!(!d.reason().contains("checksum"), "{}", d.reason());
 }
 
 #[test]
@@ -1441,11 +1582,13 @@ fn a_named_snapshot_is_restored_and_a_missing_one_makes_us_wait() {
     f.backups = BackupFacts::Listed {
         wanted: RestoreWanted::Named("old".into()),
         snapshots: vec![snapshot("new", true), snapshot("old", true)],
+        keys: vec![],
     };
     assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("old".into())));
     f.backups = BackupFacts::Listed {
         wanted: RestoreWanted::Named("gone".into()),
         snapshots: vec![snapshot("new", true)],
+        keys: vec![],
     };
     assert_waits(&decide(&f), &["gone", "not in the store"]);
 }
@@ -1681,6 +1824,8 @@ mod invariants {
                 time_unix: 1,
                 verified,
                 drill_failed,
+                content: SnapshotContent::default(),
+                key: None,
             });
         prop_oneof![
             2 => Just(BackupFacts::Off),
@@ -1688,6 +1833,7 @@ mod invariants {
             2 => prop::collection::vec(snapshot, 0..3).prop_map(|snapshots| BackupFacts::Listed {
                 wanted: RestoreWanted::Latest,
                 snapshots,
+                keys: vec![],
             }),
         ]
     }

@@ -150,7 +150,12 @@ async fn fragmented_members_are_defragmented_one_at_a_time_leader_last(etcd: Etc
     } else {
         eprintln!("an election during the test: the leader-last order is not checked");
     }
-    assert!(set.all_ready(&[0, 1, 2]).await);
+    harness::wait_for(
+        std::time::Duration::from_secs(10),
+        "every pod ready again after the defragmentations",
+        || set.all_ready(&[0, 1, 2]),
+    )
+    .await;
     set.shutdown().await;
 }
 

@@ -9,7 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use harness::loopback::Set;
-use harness::{wait_for, Etcd};
+use harness::{wait_for, wait_for_or, Etcd};
 
 /// The agent under test.
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
@@ -289,13 +289,24 @@ async fn the_wal_tail_matches_what_etcd_reported_before_it_stopped(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// The volumes hold the log once more, not twice: etcd keeps a 64 MB WAL segment and
+/// preallocates the next one (`wal/0.tmp`, left on disk when etcd is killed), and init
+/// copies `member/` aside before the forced start — a copy that took the preallocated
+/// segment too filled the survivor's volume, and init never started etcd again (chaos seed
+/// 12 on 3.5.30).
+const VOLUME_MIB: u32 = 224;
+
 async fn auto_recovery_recovers_a_wiped_majority_from_the_survivor(etcd: Etcd) {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     set.extra_args = vec!["--auto-recover-after=3s".into()];
+    set.limit_volumes(VOLUME_MIB).unwrap();
     set.start_all(FORM).await.unwrap();
     set.put_keys("k", 80).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every pod goes down at once (the survivor's etcd killed too), two for good.
+    set.kill(2).await.unwrap();
     lose_volumes(&mut set, &[0, 1]).await;
+    set.start(2).unwrap();
     all_ready_voters(&mut set).await;
     for o in 0..3 {
         assert_eq!(
@@ -375,6 +386,10 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
     // At 10:02 someone writes over everything.
     set.put_keys("oops", 15).await.unwrap();
     let old_cluster = set.cluster_id(0).await.unwrap();
+    let mut served = 0;
+    for o in 0..3 {
+        served = served.max(set.revision(o).await.unwrap());
+    }
 
     let snapshot_arg = format!("--snapshot={snapshot}");
     let restore = |extra: &[&str]| {
@@ -440,6 +455,19 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
         old_cluster,
         "a re-formed cluster"
     );
+    if etcd == Etcd::V3_5Current {
+        // etcd 3.5.30's etcdutl moves the revision forward: no revision the old cluster
+        // served is served again, and clients resuming from one re-list.
+        for o in 0..3 {
+            let now = set.revision(o).await.unwrap();
+            assert!(
+                now > served,
+                "pod {o}: revision {now} is above the {served} served before"
+            );
+            let (read, watch) = set.compacted_at(o, served).await.unwrap();
+            assert!(read && watch, "pod {o}: a read ({read}) and a watch ({watch}) at revision {served} fail as compacted");
+        }
+    }
     // Once per request: a pod restarted while the request is still held is not set aside
     // again.
     set.kill_etcd(2).await;
@@ -511,6 +539,186 @@ async fn a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_
     set.shutdown().await;
 }
 
+/// How many times the premise (a burst of writes, then SIGKILL of every pod) is tried until
+/// the survivor's commit index on disk lags its last entry.
+const PREMISE_ATTEMPTS: u32 = 5;
+
+/// Writes `n` keys `<prefix>/<i>` through pod `o` (the leader); each one acknowledged.
+async fn put_through(set: &Set, o: u32, prefix: &str, n: usize) -> Vec<String> {
+    let mut c = set.client(o).await.unwrap();
+    let mut acked = Vec::new();
+    for i in 0..n {
+        let key = format!("{prefix}/{i:05}");
+        c.put(key.clone(), format!("v{i}"), None).await.unwrap();
+        acked.push(key);
+    }
+    acked
+}
+
+/// Whether pod `o` serves `key` on a serializable read (from its own copy).
+async fn serves(set: &Set, o: u32, key: &str) -> bool {
+    let Ok(mut c) = set.client(o).await else {
+        return false;
+    };
+    let opts = etcd_client::GetOptions::new().with_serializable();
+    c.get(key, Some(opts))
+        .await
+        .is_ok_and(|r| r.kvs().len() == 1)
+}
+
+/// Every member's HashKV at one revision every member has reached, all equal.
+async fn every_member_hashes_alike(set: &Set) {
+    let rev = set.status(0).await.unwrap().header().unwrap().revision();
+    wait_for_or(
+        RECOVER,
+        "every member reaches the revision",
+        || async move {
+            let mut all = true;
+            for o in 0..3 {
+                all &= set
+                    .status(o)
+                    .await
+                    .is_ok_and(|s| s.header().is_some_and(|h| h.revision() >= rev));
+            }
+            all
+        },
+        || set.dump(),
+    )
+    .await;
+    let mut hashes = Vec::new();
+    for o in 0..3 {
+        let c = set.client(o).await.unwrap();
+        let h = c.maintenance_client().hash_kv(rev).await.unwrap();
+        hashes.push(h.hash());
+    }
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "HashKV at revision {rev}: {hashes:?}"
+    );
+}
+
+/// etcd writes a hard state whose only change is the commit index without an fsync, so a
+/// follower SIGKILLed right after serving the last write has a commit index on disk behind
+/// its last entry; `--force-new-cluster` alone would discard those entries.
+async fn a_recovery_keeps_every_acknowledged_write_though_the_survivors_commit_index_lags(
+    etcd: Etcd,
+) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.start_all(FORM).await.unwrap();
+    let mut acked = Vec::new();
+    let mut premise = None;
+    for attempt in 1..=PREMISE_ATTEMPTS {
+        set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+        let leader = set.leader().await.unwrap();
+        let follower = (leader + 1) % 3;
+        let keys = put_through(&set, leader, &format!("w/{attempt}"), 100).await;
+        let last = keys.last().cloned().unwrap();
+        acked.extend(keys);
+        wait_for_or(
+            FORM,
+            "the follower serves the last write",
+            || serves(&set, follower, &last),
+            || set.dump(),
+        )
+        .await;
+        for o in [leader, follower, (leader + 2) % 3] {
+            set.kill_processes(o).await;
+        }
+        let tail = etcd_steward::volume::log_tail(set.data_dir(follower))
+            .unwrap()
+            .expect("a WAL");
+        if tail.commit < tail.last_index {
+            premise = Some((follower, tail));
+            break;
+        }
+        for o in 0..3 {
+            set.start(o).unwrap();
+        }
+    }
+    let Some((survivor, tail)) = premise else {
+        panic!(
+            "in {PREMISE_ATTEMPTS} bursts the follower's commit index on disk never lagged its last entry: the premise did not occur\n{}",
+            set.dump()
+        );
+    };
+    eprintln!("survivor etcd-{survivor}: {tail:?}");
+    for o in (0..3).filter(|o| *o != survivor) {
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    let asker = (survivor + 1) % 3;
+    let plan = wait_for_plan(&set, asker).await;
+    assert_eq!(plan["survivor"], format!("etcd-{survivor}"), "{plan}");
+    assert_eq!(
+        plan["keeps_entries_beyond_commit"].as_u64(),
+        Some(tail.last_index - tail.commit),
+        "{plan}"
+    );
+    let out = recover_yes(&mut set, asker, &[]).await;
+    assert!(
+        out.status.success(),
+        "recover --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        let opts = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_serializable();
+        let held: std::collections::BTreeSet<String> = c
+            .get("w/", Some(opts))
+            .await
+            .unwrap()
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_string())
+            .collect();
+        let missing: Vec<&String> = acked.iter().filter(|k| !held.contains(*k)).collect();
+        assert!(
+            missing.is_empty(),
+            "pod {o} lost {} acknowledged writes: {missing:?}",
+            missing.len()
+        );
+    }
+    every_member_hashes_alike(&set).await;
+    let aside = std::fs::read_dir(set.data_dir(survivor).join("set-aside"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with("-before-recovery")
+        })
+        .count();
+    assert_eq!(aside, 1, "one copy aside before the forced start");
+    set.shutdown().await;
+}
+
+/// The plan `recover` prints from pod `o`, once every pod's sidecar answers.
+async fn wait_for_plan(set: &Set, o: u32) -> serde_json::Value {
+    let plan = std::sync::Mutex::new(serde_json::Value::Null);
+    let shared = &plan;
+    wait_for_or(
+        RECOVER,
+        "recover prints a plan",
+        || async move {
+            let out = recover(set, o, &[]).await;
+            if out.status.success() {
+                *shared.lock().unwrap() = plan_of(&out);
+            }
+            out.status.success()
+        },
+        || set.dump(),
+    )
+    .await;
+    plan.into_inner().unwrap()
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod etcd_3_5 {
@@ -541,6 +749,7 @@ macro_rules! scenarios {
 }
 
 scenarios!(
+    a_recovery_keeps_every_acknowledged_write_though_the_survivors_commit_index_lags,
     a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_once,
     restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside,
     auto_recovery_recovers_a_wiped_majority_from_the_survivor,

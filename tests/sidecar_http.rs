@@ -20,6 +20,7 @@ use etcd_steward::sidecar::observe::Journal;
 use etcd_steward::sidecar::plan::evict::Evict;
 use etcd_steward::sidecar::plan::promote::Promote;
 use etcd_steward::sidecar::plan::{Outcome, Planner, Step, Why};
+use etcd_steward::volume::wal::frame;
 use etcd_steward::volume::{journal, marker};
 use prometheus_client::registry::Registry;
 
@@ -739,18 +740,6 @@ async fn a_scraper_asking_for_plain_text_gets_the_prometheus_text_format() -> Te
 // ---------------------------------------------------------------------------------------
 // /peer/report: the bootstrap evidence other pods read
 // ---------------------------------------------------------------------------------------
-
-fn frame(record: &[u8]) -> Vec<u8> {
-    let pad = (8 - record.len() % 8) % 8;
-    let mut word = record.len() as u64;
-    if pad > 0 {
-        word |= (0x80 | pad as u64) << 56;
-    }
-    let mut out = word.to_le_bytes().to_vec();
-    out.extend_from_slice(record);
-    out.extend(std::iter::repeat_n(0u8, pad));
-    out
-}
 
 fn varint(mut v: u64) -> Vec<u8> {
     let mut out = Vec::new();

@@ -16,6 +16,7 @@ use std::time::Duration;
 use etcd_client::GetOptions;
 use tokio::time::Instant;
 
+use crate::disaster::{Disaster, DisasterSeen};
 use crate::loopback::Set;
 use crate::writer::{Writer, WriterReport};
 
@@ -149,6 +150,9 @@ pub struct Schedule {
     /// ([`DEFRAG_THRESHOLD`]; each at most once a minute, one member at a time, only while
     /// every member answers), so that defragmentations happen during the faults.
     pub defrag: bool,
+    /// Generator 3: the disaster struck once every fault above is healed
+    /// ([`Schedule::generate_disaster`]).
+    pub disaster: Option<Disaster>,
 }
 
 /// `--defrag-threshold` of a schedule that defragments: any free space at all.
@@ -224,7 +228,17 @@ impl Schedule {
             pods,
             events,
             defrag,
+            disaster: None,
         }
+    }
+
+    /// Generator 3: the ordinary faults of [`Self::generate`], then one [`Disaster`] drawn
+    /// from the seed (from a sequence of its own: the faults are generator 2's).
+    pub fn generate_disaster(seed: u64, pods: u32, faults: usize, span: Duration) -> Schedule {
+        let mut s = Schedule::generate(seed, pods, faults, span);
+        let mut rng = Rng::new(seed ^ 0xD15A_57E2_0000_0003);
+        s.disaster = Some(Disaster::draw(&mut rng, pods));
+        s
     }
 
     /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
@@ -300,6 +314,9 @@ impl fmt::Display for Schedule {
                 e.fault
             )?;
         }
+        if let Some(d) = &self.disaster {
+            writeln!(f, "  then, every fault healed: {d}")?;
+        }
         Ok(())
     }
 }
@@ -339,6 +356,8 @@ pub struct Outcome {
     pub defrags: u64,
     /// The longest stretch the faults explain.
     pub explained_outage: Duration,
+    /// What generator 3's disaster left (`None`: the schedule had none).
+    pub disaster: Option<DisasterSeen>,
 }
 
 /// What one run of `etcd-steward backup` did.
@@ -389,7 +408,11 @@ impl BackupTaken {
     }
 
     /// From the process's output, `None` when it did not end within its time-out.
-    fn from_output(pod: u32, after_healing: bool, out: Option<std::process::Output>) -> Self {
+    pub(crate) fn from_output(
+        pod: u32,
+        after_healing: bool,
+        out: Option<std::process::Output>,
+    ) -> Self {
         match out {
             Some(out) => BackupTaken::from_parts(
                 pod,
@@ -448,8 +471,15 @@ impl Outcome {
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
         }
+        let before_restore = self.disaster.as_ref().and_then(|d| match d.disaster {
+            Disaster::LoseEveryVolume => d.cluster_before,
+            Disaster::LoseMajority { .. } => None,
+        });
         for b in &self.backups {
-            let ours = b.cluster.is_some_and(|c| self.clusters.contains(&c));
+            // Before a restore, the backups were of the cluster that was lost.
+            let ours = b
+                .cluster
+                .is_some_and(|c| self.clusters.contains(&c) || Some(c) == before_restore);
             if b.exited_ok && !(b.verified && ours) {
                 v.push(format!(
                     "a backup through pod {} exited 0 with a snapshot that is not a verified one of this cluster: {b:?}",
@@ -470,6 +500,9 @@ impl Outcome {
             v.push(format!(
                 "pod {o}'s data directory was deleted, not set aside: sentinel {name} planted in its live data is nowhere on its volume"
             ));
+        }
+        if let Some(d) = &self.disaster {
+            v.extend(d.violations(&self.writes));
         }
         if self.writes.max_gap > self.explained_outage + OUTAGE_SLACK {
             v.push(format!(
@@ -636,6 +669,10 @@ pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
     if schedule.defrag {
         set.extra_args.push(DEFRAG_THRESHOLD.into());
     }
+    if let Some(d) = &schedule.disaster {
+        let options = crate::disaster::options(set, d);
+        set.extra_args.extend(options);
+    }
     Ok(())
 }
 
@@ -678,7 +715,12 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
     let mut applied = 0;
     let mut sentinels = Sentinels::new(schedule.seed);
-    let store = format!("file://{}", set.root().join("backups").display());
+    let store = crate::disaster::store_url(set);
+    // A disaster schedule's pods carry the store in their options already.
+    let backup_args: Vec<&str> = match schedule.disaster {
+        Some(_) => vec!["backup"],
+        None => vec!["backup", "--backup-url", &store],
+    };
     let mut backups_running = Vec::new();
     let mut defrags = DefragCount::new(pods.len());
     let mut next_sample = Duration::ZERO;
@@ -715,7 +757,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                 let e = events.next().cloned().unwrap_or_else(|| unreachable!());
                 if let Fault::Backup(o) = e.fault {
                     eprintln!("chaos: {}", e.fault);
-                    let mut cmd = set.steward_in(o, &["backup", "--backup-url", &store]);
+                    let mut cmd = set.steward_in(o, &backup_args);
                     match cmd.kill_on_drop(true).spawn() {
                         Ok(child) => backups_running.push((o, child)),
                         Err(err) => eprintln!("chaos: starting a backup failed: {err}"),
@@ -745,6 +787,20 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         let _ = set.restart_exited();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Generator 3: the disaster, once every fault is healed.
+    let struck = match &schedule.disaster {
+        Some(d) => {
+            let struck = crate::disaster::strike(set, d, &writer).await;
+            for o in d.wiped(schedule.pods) {
+                wiped.insert(o);
+                sentinels.volume_lost(o);
+            }
+            lost_ids.extend(&struck.lost_ids);
+            applied += 1;
+            Some(struck)
+        }
+        None => None,
+    };
     // Healed: every pod back as a ready voter within the bound (restarting what exits).
     let deadline = Instant::now() + RECOVERY_BOUND;
     let mut recovered = false;
@@ -777,10 +833,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             out.ok().and_then(std::result::Result::ok),
         ));
     }
-    let last = set
-        .steward_in(0, &["backup", "--backup-url", &store])
-        .kill_on_drop(true)
-        .output();
+    let last = set.steward_in(0, &backup_args).kill_on_drop(true).output();
     let out = tokio::time::timeout(BACKUP_TIME_OUT, last).await;
     backups.push(BackupTaken::from_output(
         0,
@@ -789,7 +842,10 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     ));
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();
-    clusters.extend(cluster_before);
+    // A restore gives the cluster a new identity: one cluster ID afterwards.
+    if !matches!(schedule.disaster, Some(Disaster::LoseEveryVolume)) {
+        clusters.extend(cluster_before);
+    }
     let mut reused_ids = Vec::new();
     let mut replaced = Vec::new();
     for o in &pods {
@@ -805,6 +861,20 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             _ => {}
         }
     }
+    let mut explained_outage = schedule.longest_quorum_loss();
+    let disaster = match struck {
+        Some(mut struck) => {
+            backups.extend(struck.backup.take());
+            let seen = crate::disaster::observe(set, struck, &writes).await;
+            // Writes lost with the volumes, or never lost, said per pod.
+            missing = seen.missing(&writes);
+            // From the kill until every pod is back, writes are refused: the recovery
+            // bound is what the disaster explains.
+            explained_outage = explained_outage.max(RECOVERY_BOUND);
+            Some(seen)
+        }
+        None => None,
+    };
     let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
     let mut enospc_lines = 0;
     for o in &pods {
@@ -832,7 +902,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         enospc_lines,
         backups,
         defrags: defrags.total(),
-        explained_outage: schedule.longest_quorum_loss(),
+        explained_outage,
+        disaster,
     }
 }
 
@@ -991,6 +1062,7 @@ mod tests {
             seed: 0,
             pods: 3,
             defrag: false,
+            disaster: None,
             events: vec![
                 ev(0, 1000, Fault::KillPod(0)),
                 ev(600, 1000, Fault::Pause(1)),
@@ -1003,6 +1075,7 @@ mod tests {
             seed: 0,
             pods: 3,
             defrag: false,
+            disaster: None,
             events: vec![
                 ev(0, 1000, Fault::KillSidecar(0)),
                 ev(0, 1000, Fault::Pause(1)),
@@ -1093,6 +1166,7 @@ mod tests {
                 max_gap: Duration::from_secs(1),
                 max_gap_at: Duration::from_secs(3),
                 last_error: String::new(),
+                revisions: vec![],
             },
             missing: vec![Some(0), Some(0), Some(0)],
             clusters: [9].into_iter().collect(),
@@ -1112,6 +1186,7 @@ mod tests {
                 error: String::new(),
             }],
             explained_outage: Duration::ZERO,
+            disaster: None,
         };
         assert!(clean.violations().is_empty());
         assert!(clean.tsv_line().ends_with("\tok"));

@@ -108,6 +108,10 @@ async fn restart_exited(c: &Cluster, held: &BTreeSet<u32>) {
 /// Plays `schedule` on `c` (formed by [`Cluster::form`] on `etcd`, every pod a ready voter)
 /// under a writer through every pod, heals, waits for recovery and checks.
 pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
+    assert!(
+        schedule.disaster.is_none(),
+        "the Docker runner does not make generator 3's disasters (the loopback runner does)"
+    );
     let pods: Vec<u32> = (0..schedule.pods).collect();
     let cluster_before = c.cluster_id(0).await;
     let mut ids_before = Vec::new();
@@ -240,6 +244,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
             Fault::WithdrawDns(o) => vec![*o],
             f => f.pods_down(),
         }),
+        disaster: None,
     }
 }
 

@@ -9,7 +9,8 @@
 //! - [`dns`] (a loopback set's dnsmasq), [`pki`] (test certificates), [`etcd`] (which etcd
 //!   binary), [`client`] (etcd clients and the sidecar's HTTP), [`wait`], [`writer`]
 //!   (acknowledged writes), [`logs`], [`procs`]; [`chaos`]: seeded fault schedules and the
-//!   checker of what they left; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
+//!   checker of what they left; [`disaster`]: generator 3's disasters (every volume lost, a
+//!   majority lost for good) and their checker; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
 //!   pods) for scale-in.
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
@@ -18,6 +19,7 @@
 pub mod chaos;
 pub mod chaos_docker;
 pub mod client;
+pub mod disaster;
 pub mod dns;
 pub mod docker;
 pub mod etcd;

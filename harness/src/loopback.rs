@@ -31,6 +31,15 @@ pub fn next_net(base: u8, count: u8) -> u8 {
     base.saturating_add(n as u8)
 }
 
+/// The first network's third octet: `STEWARD_TEST_NET` (20 to 200), 20 by default.
+fn test_net_base() -> u8 {
+    std::env::var("STEWARD_TEST_NET")
+        .ok()
+        .and_then(|n| n.parse::<u8>().ok())
+        .filter(|n| (20..=200).contains(n))
+        .unwrap_or(20)
+}
+
 /// What a pod runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -93,14 +102,15 @@ pub struct Setup {
 
 impl Setup {
     /// What the integration tests use: `etcd`'s binary, a fresh network from 127.0.20.0
-    /// on, logs at `STEWARD_TEST_LOG` (default info), the directory kept when a test fails.
+    /// on (from 127.0.`STEWARD_TEST_NET`.0, to keep apart from runs that share the machine
+    /// without `flock /tmp/steward-it.lock`), logs at `STEWARD_TEST_LOG` (default info), the directory kept when a test fails.
     pub fn for_tests(steward: impl Into<PathBuf>, etcd: Etcd, replicas: u32) -> Setup {
         Setup {
             steward: steward.into(),
             etcd: etcd.bin(),
             tls: etcd.tls(),
             replicas,
-            net: next_net(20, 180),
+            net: next_net(test_net_base(), 180),
             dir_prefix: "steward-it-".into(),
             log_filter: std::env::var("STEWARD_TEST_LOG").unwrap_or_else(|_| "info".into()),
             stall_timeout: Some("5m".into()),
@@ -247,6 +257,11 @@ impl Set {
     /// The etcd binary pods run.
     pub fn etcd_bin(&self) -> &Path {
         &self.etcd
+    }
+
+    /// The etcd-steward binary pods run.
+    pub fn steward_bin(&self) -> &Path {
+        &self.steward
     }
 
     /// The DNS server's address.
@@ -464,7 +479,14 @@ impl Set {
     pub fn start_sidecar(&mut self, o: u32) -> Result<()> {
         self.pod_mut(o).incarnation += 1;
         let mut cmd = Command::new(&self.steward);
-        cmd.arg("sidecar").args(self.common_args(o));
+        let args = self.common_args(o);
+        // The pod's etcd, as its container has it (the drill runs it, and the restore tool
+        // is looked for beside it), unless the scenario gives its own.
+        let etcd_bin = (!args.iter().any(|a| a.starts_with("--etcd-bin"))).then(|| {
+            let bin = self.pod(o).etcd_bin.as_ref().unwrap_or(&self.etcd);
+            format!("--etcd-bin={}", bin.display())
+        });
+        cmd.arg("sidecar").args(args).args(etcd_bin);
         let cmd = self.steward_command(cmd, o, "sidecar")?;
         let child = procs::spawn(cmd, &self.steward)?;
         self.join_partitions(o, child.id())?;
@@ -728,6 +750,54 @@ impl Set {
     /// Pod `o`'s status.
     pub async fn status(&self, o: u32) -> Result<StatusResponse> {
         self.clients.status(&self.client_url(o)).await
+    }
+
+    /// Pod `o`'s current revision (its status header's).
+    pub async fn revision(&self, o: u32) -> Result<i64> {
+        let s = self.status(o).await?;
+        Ok(s.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    /// What a client resuming at `revision` through pod `o` meets: whether a read at it
+    /// fails as compacted, and whether a watch from it is cancelled as compacted (each
+    /// answer awaited at most 5 s).
+    pub async fn compacted_at(&self, o: u32, revision: i64) -> Result<(bool, bool)> {
+        const ANSWER: Duration = Duration::from_secs(5);
+        let url = self.client_url(o);
+        let failed = |source| Error::Etcd {
+            url: url.clone(),
+            source,
+        };
+        let mut c = self.client(o).await?;
+        let read = c
+            .get(
+                "",
+                Some(GetOptions::new().with_all_keys().with_revision(revision)),
+            )
+            .await;
+        let read_compacted = match read {
+            Err(etcd_client::Error::GRpcStatus(s)) => s.message().contains("compacted"),
+            Err(e) => return Err(failed(e)),
+            Ok(_) => false,
+        };
+        let options = etcd_client::WatchOptions::new()
+            .with_all_keys()
+            .with_start_revision(revision);
+        let mut stream = tokio::time::timeout(ANSWER, c.watch("", Some(options)))
+            .await
+            .map_err(|_| Error::Failed(format!("no watch created at {url} within {ANSWER:?}")))?
+            .map_err(failed)?;
+        let mut watch_compacted = false;
+        while let Ok(Ok(Some(r))) = tokio::time::timeout(ANSWER, stream.message()).await {
+            if r.compact_revision() > 0 || r.canceled() {
+                watch_compacted = r.compact_revision() > 0;
+                break;
+            }
+            if !r.events().is_empty() {
+                break;
+            }
+        }
+        Ok((read_compacted, watch_compacted))
     }
 
     /// The member list as pod `o` sees it.

@@ -2,7 +2,7 @@
 //! lost. Like an assertion, it panics when it cannot go on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
@@ -20,6 +20,15 @@ pub struct Writer {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<WriterReport>,
     acked: Arc<AtomicU64>,
+    pause: Arc<Pause>,
+    revisions: Arc<Mutex<Vec<i64>>>,
+}
+
+/// Holding the writer between two writes: `wanted` asks, `held` says it stopped writing.
+#[derive(Default)]
+struct Pause {
+    wanted: AtomicBool,
+    held: AtomicBool,
 }
 
 /// What the writer saw, once stopped.
@@ -35,6 +44,8 @@ pub struct WriterReport {
     pub max_gap_at: Duration,
     /// The last failure, said in a sentence.
     pub last_error: String,
+    /// The revision etcd acknowledged each write at: `revisions[i]` is `w/i`'s.
+    pub revisions: Vec<i64>,
 }
 
 impl Writer {
@@ -42,11 +53,53 @@ impl Writer {
     pub fn start(endpoints: Vec<String>) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicU64::new(0));
+        let pause = Arc::new(Pause::default());
+        let revisions = Arc::new(Mutex::new(Vec::new()));
         let task = {
-            let (stop, acked) = (stop.clone(), acked.clone());
-            tokio::spawn(async move { write_loop(endpoints, stop, acked).await })
+            let (stop, acked, pause, revisions) = (
+                stop.clone(),
+                acked.clone(),
+                pause.clone(),
+                revisions.clone(),
+            );
+            tokio::spawn(async move { write_loop(endpoints, stop, acked, pause, revisions).await })
         };
-        Writer { stop, task, acked }
+        Writer {
+            stop,
+            task,
+            acked,
+            pause,
+            revisions,
+        }
+    }
+
+    /// Holds the writer once its write in flight ended (acknowledged or not); returns how
+    /// many writes are acknowledged then: none more until [`Self::resume`].
+    pub async fn pause(&self, timeout: Duration) -> u64 {
+        self.pause.wanted.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        while !self.pause.held.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < deadline,
+                "the writer did not stop writing within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.acked()
+    }
+
+    /// Lets a paused writer go on.
+    pub fn resume(&self) {
+        self.pause.wanted.store(false, Ordering::SeqCst);
+        self.pause.held.store(false, Ordering::SeqCst);
+    }
+
+    /// The revisions acknowledged so far (`w/i`'s at `i`).
+    pub fn revisions(&self) -> Vec<i64> {
+        self.revisions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// How many writes are acknowledged so far.
@@ -81,6 +134,8 @@ async fn write_loop(
     endpoints: Vec<String>,
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
+    pause: Arc<Pause>,
+    revisions: Arc<Mutex<Vec<i64>>>,
 ) -> WriterReport {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_millis(300))
@@ -101,11 +156,20 @@ async fn write_loop(
         max_gap: Duration::ZERO,
         max_gap_at: Duration::ZERO,
         last_error: String::new(),
+        revisions: Vec::new(),
     };
     let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
     let mut turn = 0usize;
     let mut i = 0u64;
     while !stop.load(Ordering::SeqCst) {
+        if pause.wanted.load(Ordering::SeqCst) {
+            pause.held.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            // A pause is no refusal of writes: the gap starts again when it ends.
+            last_ack = Instant::now();
+            continue;
+        }
+        pause.held.store(false, Ordering::SeqCst);
         // The next endpoint that has not failed in the last second (any, if all have).
         let n = clients.len();
         let mut pick = turn % n;
@@ -119,7 +183,12 @@ async fn write_loop(
         turn = pick + 1;
         let put = clients[pick].put(write_key(i), i.to_string(), None);
         match tokio::time::timeout(Duration::from_millis(2500), put).await {
-            Ok(Ok(_)) => {
+            Ok(Ok(r)) => {
+                let revision = r.header().map_or(0, |h| h.revision());
+                revisions
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(revision);
                 let now = Instant::now();
                 if now - last_ack > report.max_gap {
                     report.max_gap = now - last_ack;
@@ -145,5 +214,9 @@ async fn write_loop(
         }
     }
     report.acked = i;
+    report.revisions = revisions
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     report
 }

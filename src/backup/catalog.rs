@@ -4,10 +4,20 @@
 use std::collections::BTreeSet;
 
 use super::manifest::{self, Manifest};
-use super::store::{Store, StoreError};
+use super::store::{Entry, Store, StoreError};
 
 /// Every readable manifest, newest first. An unreadable one is logged and left out.
 pub async fn list(store: &Store) -> Result<Vec<Manifest>, StoreError> {
+    Ok(list_stored(store)
+        .await?
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect())
+}
+
+/// Every readable manifest, newest first, with its snapshot object as the store lists it
+/// (`None`: no such object, an incomplete or removed upload).
+pub async fn list_stored(store: &Store) -> Result<Vec<(Manifest, Option<Entry>)>, StoreError> {
     let entries = store.list(manifest::DIR).await?;
     let mut names: Vec<&str> = entries
         .iter()
@@ -24,7 +34,10 @@ pub async fn list(store: &Store) -> Result<Vec<Manifest>, StoreError> {
             Err(e) => return Err(e),
         };
         match serde_json::from_slice::<Manifest>(&bytes) {
-            Ok(m) => out.push(m),
+            Ok(m) => {
+                let object = entries.iter().find(|e| e.name == m.db_object()).cloned();
+                out.push((m, object));
+            }
             Err(e) => tracing::warn!(name, error = %e, "unreadable backup manifest, ignored"),
         }
     }

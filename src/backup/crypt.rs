@@ -16,11 +16,12 @@ use thiserror::Error;
 pub enum CryptError {
     #[error("backup encryption key file {path:?}: {detail}")]
     KeyFile { path: PathBuf, detail: String },
-    #[error("snapshot {name} is encrypted to key {fingerprint}, and none of the configured keys ({have}) is it: give that key with --backup-decryption-key-file")]
+    #[error("snapshot {name} is encrypted to key {fingerprint}, and none of the configured keys ({}) is it: give that key with --backup-decryption-key-file", .have.join(", "))]
     NoKey {
         name: String,
         fingerprint: String,
-        have: String,
+        /// The fingerprints of the keys tried.
+        have: Vec<String>,
     },
     #[error("snapshot {name} (key {fingerprint}) cannot be decrypted: {detail}")]
     Corrupt {
@@ -30,6 +31,9 @@ pub enum CryptError {
     },
     #[error("snapshot {name} is encrypted (key {fingerprint}) but no --backup-encryption-key-file is configured")]
     Missing { name: String, fingerprint: String },
+    /// The local files the decryption reads and writes (not the snapshot's fault).
+    #[error("decrypting snapshot {name} on this volume: {detail}")]
+    Local { name: String, detail: String },
 }
 
 /// One age identity: its secret, and the fingerprint of its public half.
@@ -123,13 +127,12 @@ impl Keys {
         self.write.is_none() && self.read.is_empty()
     }
 
-    fn fingerprints(&self) -> String {
-        let all: Vec<&str> = self.all().map(Key::fingerprint).collect();
-        if all.is_empty() {
-            "none".into()
-        } else {
-            all.join(", ")
-        }
+    /// The fingerprints of every key that reads, sorted: what a decision compares.
+    pub fn fingerprints(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.all().map(|k| k.fingerprint.clone()).collect();
+        all.sort();
+        all.dedup();
+        all
     }
 }
 
@@ -209,9 +212,15 @@ pub fn decrypt_file(
         fingerprint: fingerprint.into(),
         detail,
     };
-    let input =
-        std::io::BufReader::new(std::fs::File::open(cipher).map_err(|e| corrupt(e.to_string()))?);
-    let decryptor = age::Decryptor::new_buffered(input).map_err(|e| corrupt(e.to_string()))?;
+    let local = |e: std::io::Error| CryptError::Local {
+        name: name.into(),
+        detail: e.to_string(),
+    };
+    let input = std::io::BufReader::new(std::fs::File::open(cipher).map_err(local)?);
+    let decryptor = age::Decryptor::new_buffered(input).map_err(|e| match e {
+        age::DecryptError::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => local(e),
+        e => corrupt(e.to_string()),
+    })?;
     let identities: Vec<&dyn age::Identity> = keys
         .all()
         .map(|k| &k.identity as &dyn age::Identity)
@@ -227,18 +236,23 @@ pub fn decrypt_file(
         }
         Err(e) => return Err(corrupt(e.to_string())),
     };
-    let mut out = std::fs::File::create(plain).map_err(|e| corrupt(e.to_string()))?;
+    let mut out = std::fs::File::create(plain).map_err(local)?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        // A tampered chunk fails its authentication tag here.
-        let n = reader.read(&mut buf).map_err(|e| corrupt(e.to_string()))?;
+        // A tampered chunk fails its authentication tag here (InvalidData); any other
+        // error is reading the local file.
+        let n = reader.read(&mut buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+                corrupt(e.to_string())
+            }
+            _ => local(e),
+        })?;
         if n == 0 {
             break;
         }
-        out.write_all(&buf[..n])
-            .map_err(|e| corrupt(e.to_string()))?;
+        out.write_all(&buf[..n]).map_err(local)?;
     }
-    out.sync_all().map_err(|e| corrupt(e.to_string()))?;
+    out.sync_all().map_err(local)?;
     Ok(())
 }
 

@@ -1,8 +1,11 @@
 //! The restore drill: proves a stored snapshot restores. It downloads the snapshot (both
 //! checksums), reads its revision and integrity with etcd's tool, restores it into the
-//! scratch directory, starts a throw-away etcd on it (127.0.0.1, ephemeral ports) and
-//! compares its `HashKV` at the snapshot's revision with the live cluster's. The outcome
-//! is recorded in the snapshot's manifest.
+//! scratch directory with the same tool and flags a real restore uses, starts a throw-away
+//! etcd on it (127.0.0.1, ephemeral ports) and compares its `HashKV` at the snapshot's
+//! revision with the live cluster's. With the revision jump (`--bump-revision`), every
+//! revision before the jump is compacted away in the restored member, so no hash can be
+//! compared; the drill proves instead that the restored revision is the snapshot's plus the
+//! jump. The outcome is recorded in the snapshot's manifest.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -11,7 +14,7 @@ use super::manifest::{self, DrillRecord, Manifest};
 use super::restore::{self, RestoreError};
 use super::snapshot::{self, EtcdSource, EtcdTarget, SnapshotSource, SourceError};
 use super::store::{Store, StoreError};
-use super::tool::{EtcdTool, MemberParams};
+use super::tool::{EtcdTool, Jump, MemberParams};
 
 /// How the restored key-value hash compared with the live cluster's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +32,17 @@ pub enum HashCheck {
     Skipped {
         reason: String,
     },
+    /// Restored with the revision jump: the restored member serves `revision`, the
+    /// snapshot's plus the jump (older revisions are compacted, so no hash compares).
+    Jumped {
+        snapshot: i64,
+        revision: i64,
+    },
+    /// Restored with the revision jump, but the restored member serves another revision.
+    JumpMissed {
+        expected: i64,
+        revision: i64,
+    },
     /// The drill failed before it could compare.
     NotRun,
 }
@@ -39,6 +53,8 @@ impl HashCheck {
             HashCheck::Match { .. } => "match",
             HashCheck::Mismatch { .. } => "mismatch",
             HashCheck::Skipped { .. } => "skipped",
+            HashCheck::Jumped { .. } => "jumped",
+            HashCheck::JumpMissed { .. } => "jump_missed",
             HashCheck::NotRun => "not_run",
         }
     }
@@ -231,7 +247,15 @@ async fn run<L: SnapshotSource>(
             ))
         }
     };
-    let hash = compare(revision, client, setup.start_timeout, live).await;
+    let hash = match setup.tool.jump() {
+        Jump::By(n) => {
+            let expected = status
+                .revision
+                .saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
+            jumped(revision, expected, client, setup.start_timeout).await
+        }
+        Jump::Off | Jump::Unsupported => compare(revision, client, setup.start_timeout, live).await,
+    };
     let _ = etcd.kill().await;
     let (passed, detail) = match &hash {
         HashCheck::Match { revision, hash } => (
@@ -241,6 +265,14 @@ async fn run<L: SnapshotSource>(
         HashCheck::Skipped { reason } => (
             true,
             format!("restored revision {} with {} keys (integrity checked); hash not compared: {reason}", revision, status.total_key),
+        ),
+        HashCheck::Jumped { snapshot, revision } => (
+            true,
+            format!("restored revision {snapshot} with {} keys (integrity checked) and moved it forward to {revision} (--bump-revision); hash not compared: older revisions are compacted", status.total_key),
+        ),
+        HashCheck::JumpMissed { expected, revision } => (
+            false,
+            format!("restored with --bump-revision, the member serves revision {revision}, below the {expected} the jump promises"),
         ),
         HashCheck::Mismatch { revision, restored, live } => (
             false,
@@ -262,12 +294,12 @@ async fn run<L: SnapshotSource>(
     })
 }
 
-async fn compare<L: SnapshotSource>(
-    revision: i64,
-    client_port: u16,
-    start_timeout: Duration,
-    live: &L,
-) -> HashCheck {
+/// The throw-away etcd on `client_port`, once it answers `ask` (bounded by `start_timeout`).
+async fn ask_restored<T, F, Fut>(client_port: u16, start_timeout: Duration, ask: F) -> Option<T>
+where
+    F: Fn(EtcdSource) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SourceError>>,
+{
     let target = EtcdTarget {
         host: "127.0.0.1".into(),
         ip: [127, 0, 0, 1].into(),
@@ -276,19 +308,50 @@ async fn compare<L: SnapshotSource>(
         auth: None,
     };
     let deadline = tokio::time::Instant::now() + start_timeout;
-    let restored = loop {
-        let attempt = async {
-            let src = EtcdSource::connect(&target).await?;
-            src.hash_kv(revision).await
-        };
+    loop {
+        let attempt = async { ask(EtcdSource::connect(&target).await?).await };
         match attempt.await {
-            Ok(h) => break h,
+            Ok(answer) => return Some(answer),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 tracing::warn!(error = %e, "the drill's throw-away etcd did not serve in time");
-                return HashCheck::NotRun;
+                return None;
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
+    }
+}
+
+/// With the revision jump: does the restored member serve the snapshot's revision plus the
+/// jump?
+async fn jumped(
+    snapshot: i64,
+    expected: i64,
+    client_port: u16,
+    start_timeout: Duration,
+) -> HashCheck {
+    let served = ask_restored(client_port, start_timeout, |src| async move {
+        src.info().await.map(|i| i.revision)
+    })
+    .await;
+    match served {
+        None => HashCheck::NotRun,
+        Some(revision) if revision >= expected => HashCheck::Jumped { snapshot, revision },
+        Some(revision) => HashCheck::JumpMissed { expected, revision },
+    }
+}
+
+async fn compare<L: SnapshotSource>(
+    revision: i64,
+    client_port: u16,
+    start_timeout: Duration,
+    live: &L,
+) -> HashCheck {
+    let restored = ask_restored(client_port, start_timeout, |src| async move {
+        src.hash_kv(revision).await
+    })
+    .await;
+    let Some(restored) = restored else {
+        return HashCheck::NotRun;
     };
     match live.hash_kv(revision).await {
         Ok(l) if l.compact_revision != restored.compact_revision => HashCheck::Skipped {

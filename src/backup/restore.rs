@@ -34,8 +34,9 @@ pub enum RestoreError {
     Decrypt(crypt::CryptError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("restoring snapshot {name}: {source}")]
-    Tool { name: String, source: ToolError },
+    /// etcd's tool cannot run, or refuses the snapshot: the same again at every try.
+    #[error("restoring snapshot {name}: {error}")]
+    Tool { name: String, error: ToolError },
     #[error("restore: {op} {path:?}: {source}")]
     Io {
         op: &'static str,
@@ -317,9 +318,9 @@ pub async fn restore_into(
         }
         tool.restore(snapshot, member, &out)
             .await
-            .map_err(|source| RestoreError::Tool {
+            .map_err(|error| RestoreError::Tool {
                 name: name.to_string(),
-                source,
+                error,
             })?;
         std::fs::write(&complete, name).map_err(io("write", &complete))?;
         sync_dir(&staging);
@@ -366,6 +367,36 @@ pub enum RestoreOutcome {
     Disabled,
 }
 
+/// The restore's log line: the snapshot, its revision and the revision after the jump
+/// (a warning of its own when there is no jump: watchers may miss changes).
+pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str) {
+    use super::tool::{Jump, JUMP_NEEDS};
+    let age = std::time::SystemTime::now()
+        .duration_since(manifest.time())
+        .unwrap_or_default();
+    let age = humantime::format_duration(std::time::Duration::from_secs(age.as_secs()));
+    let jump = tool.jump();
+    let after = match jump {
+        Jump::By(n) => manifest
+            .revision
+            .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
+        Jump::Off | Jump::Unsupported => manifest.revision,
+    };
+    tracing::warn!(snapshot = %manifest.name, revision = manifest.revision, revision_after = after,
+        bump_revision = tool.bump_revision, tool = %tool.bin.display(),
+        taken = %manifest.time, age = %age, "{what}");
+    match jump {
+        Jump::By(_) => {}
+        Jump::Off => tracing::warn!(snapshot = %manifest.name, revision = manifest.revision,
+            "--restore-bump-revision 0: the restored cluster's revision went back to the snapshot's; clients watching from a later revision miss changes until they re-list (restart the API servers)"),
+        Jump::Unsupported => {
+            tracing::warn!(snapshot = %manifest.name, revision = manifest.revision,
+            tool = %tool.bin.display(), tool_version = tool.version.as_deref().unwrap_or("unknown"),
+            "the restored cluster's revision went back to the snapshot's: {} cannot move it forward; a revision jump needs {JUMP_NEEDS} (--etcdutl-bin); restart the API servers", tool.bin.display())
+        }
+    }
+}
+
 /// The member parameters for pod `cfg.identity.ordinal` of a cluster formed from a
 /// snapshot by all `cfg.replicas` initial pods: every pod restores the same snapshot with
 /// the same (fresh) `token`, so they form one new cluster with new member IDs.
@@ -397,17 +428,55 @@ pub async fn restore(
     match pick(store, choice, &staging).await? {
         Pick::Chosen { manifest, file } => {
             restore_into(tool, &file, &manifest.name, member, data_dir).await?;
-            let age = std::time::SystemTime::now()
-                .duration_since(manifest.time())
-                .unwrap_or_default();
-            tracing::info!(snapshot = %manifest.name, revision = manifest.revision,
-                taken = %manifest.time, age = %humantime::format_duration(std::time::Duration::from_secs(age.as_secs())),
-                member = %member.name, data_dir = %data_dir.display(),
-                "restored from a backup: writes after this snapshot are not in it");
+            log_restored(
+                &manifest,
+                tool,
+                &format!(
+                    "restored from a backup into {}: writes after this snapshot are not in it",
+                    data_dir.display()
+                ),
+            );
             Ok(RestoreOutcome::Restored { manifest })
         }
         Pick::NoBackups => Ok(RestoreOutcome::NoBackups),
         Pick::NoneUsable { skipped } => Ok(RestoreOutcome::NoneUsable { skipped }),
         Pick::Disabled => Ok(RestoreOutcome::Disabled),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_restore_tool_that_cannot_run_is_said_once_in_the_error_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snapshot, data) = (dir.path().join("s.db"), dir.path().join("data"));
+        std::fs::write(&snapshot, b"not read").unwrap();
+        let member = MemberParams {
+            name: "etcd-0".into(),
+            initial_cluster: "etcd-0=http://x:2380".into(),
+            token: "t".into(),
+            peer_url: "http://x:2380".into(),
+        };
+        let tool = EtcdTool::from_bin(dir.path().join("no-such-etcdutl"));
+        let e = restore_into(&tool, &snapshot, "s", &member, &data)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RestoreError::Tool { .. }), "{e}");
+        // What `{:#}` (anyhow, the log) prints: each error in the chain, joined.
+        let mut chain = e.to_string();
+        let mut next = std::error::Error::source(&e);
+        while let Some(cause) = next {
+            chain.push_str(&format!(": {cause}"));
+            next = cause.source();
+        }
+        assert_eq!(
+            chain.matches("No such file or directory").count(),
+            1,
+            "{chain}"
+        );
+        assert_eq!(chain.matches("cannot run").count(), 1, "{chain}");
     }
 }

@@ -74,11 +74,13 @@ impl fmt::Debug for Store {
     }
 }
 
-/// An object's name (relative to the prefix) and size.
+/// An object's name (relative to the prefix), size, and ETag when the store gives one
+/// (it changes whenever the object is written again).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub name: String,
     pub size: u64,
+    pub e_tag: Option<String>,
 }
 
 /// Checks a backup URL's form without touching the network (config validation).
@@ -303,7 +305,11 @@ impl Store {
                     .unwrap_or(full)
                     .trim_start_matches('/')
                     .to_string();
-                Entry { name, size: m.size }
+                Entry {
+                    name,
+                    size: m.size,
+                    e_tag: m.e_tag,
+                }
             })
             .collect())
     }
@@ -384,19 +390,19 @@ mod tests {
         let mut up = store.upload("snapshots/a.db").await.unwrap();
         up.write(&[7u8; 1000]).await.unwrap();
         up.finish().await.unwrap();
-        let mut names = store.list("snapshots").await.unwrap();
-        names.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut names: Vec<(String, u64)> = store
+            .list("snapshots")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.size))
+            .collect();
+        names.sort();
         assert_eq!(
             names,
             vec![
-                Entry {
-                    name: "snapshots/a.db".into(),
-                    size: 1000
-                },
-                Entry {
-                    name: "snapshots/a.json".into(),
-                    size: 2
-                }
+                ("snapshots/a.db".to_string(), 1000),
+                ("snapshots/a.json".to_string(), 2)
             ]
         );
         assert_eq!(store.get("snapshots/a.json").await.unwrap(), b"{}");

@@ -8,12 +8,13 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::backup::catalog;
+use crate::backup::crypt::CryptError;
 use crate::backup::manifest::Manifest;
 use crate::backup::restore::{self, RestoreError};
 use crate::backup::store::Store;
 use crate::config::Config;
 use crate::etcd::{Connector, Etcd, EtcdError};
-use crate::facts::{ActionKind, Facts};
+use crate::facts::{ActionKind, Facts, Failed, Rejection, SnapshotContent};
 use crate::volume::{self, journal, marker, VolumeError};
 
 use super::decide::{Action, Bootstrap, Decision, SetAsideWhy};
@@ -104,17 +105,7 @@ pub async fn act<C: Connector>(
             Ok(Next::Exec(StartMode::Restart))
         }
         Action::Recover { id, commit, first } => {
-            if *first {
-                // The marker first: a start killed from here on is recognised and, while
-                // the commit index has not moved, forced again (never twice once it moved).
-                marker::write_recovery(
-                    dir,
-                    &crate::facts::RecoveryMarker {
-                        id: id.clone(),
-                        commit: *commit,
-                    },
-                )?;
-            }
+            let forced_from = prepare_forced_start(dir, id, *commit, *first, now)?;
             // Journaled once per recovery, also when the start that wrote the marker was
             // killed before its journal entry (the sidecar counts recoveries from it).
             let journaled = journal::read(dir)
@@ -123,7 +114,7 @@ pub async fn act<C: Connector>(
             if !journaled {
                 record(dir, facts, d, now)?;
             }
-            tracing::warn!(recovery = %id, commit_index = commit, "recovery: starting etcd with --force-new-cluster on this volume's data; the other pods join it as new learners");
+            tracing::warn!(recovery = %id, commit_index = forced_from, "recovery: starting etcd with --force-new-cluster on this volume's data; the other pods join it as new learners");
             Ok(Next::Exec(StartMode::ForceNewCluster))
         }
         Action::Bootstrap(step @ Bootstrap::Prepare { marker: m }) => {
@@ -131,20 +122,39 @@ pub async fn act<C: Connector>(
                 // Download and check the snapshot before offering it to the formation: a
                 // corrupt one is noted and the next round chooses another.
                 let (store, manifest) = find_snapshot(world, name).await?;
-                match download(store, &manifest, dir).await {
-                    Ok(_) => {}
-                    Err(RestoreError::Checksum { detail, .. }) => {
-                        marker::reject_snapshot(dir, name, &detail)?;
-                        tracing::warn!(snapshot = %name, reason = %detail, "backup fails its checksum; the next round chooses another");
-                        return Ok(Next::LookAgain(Pause::Now));
+                if let Err(e) = download(store, &manifest, dir).await {
+                    // Remembered only for what cannot change by itself: these bytes, or
+                    // these keys. A store or disk error is not remembered: it is retried.
+                    let content = match facts.backups.snapshot(name) {
+                        Some(s) => s.content.clone(),
+                        None => SnapshotContent {
+                            sha256: manifest.sha256.clone(),
+                            ..SnapshotContent::default()
+                        },
+                    };
+                    let Some(failed) = rejection(&e, content) else {
+                        return Err(e.into());
+                    };
+                    marker::reject_snapshot(
+                        dir,
+                        &Rejection {
+                            name: name.clone(),
+                            failed: failed.clone(),
+                        },
+                    )?;
+                    match failed {
+                        Failed::Key {
+                            encrypted_to,
+                            configured,
+                            ..
+                        } => {
+                            tracing::warn!(snapshot = %name, encrypted_to = %encrypted_to, configured_keys = ?configured, reason = %e, "no configured key opens this backup; it is tried again once the configured keys change; the next round chooses another")
+                        }
+                        _ => {
+                            tracing::warn!(snapshot = %name, reason = %e, "backup fails its checksum; it is tried again once its stored object changes; the next round chooses another")
+                        }
                     }
-                    Err(RestoreError::Decrypt(e)) => {
-                        let detail = e.to_string();
-                        marker::reject_snapshot(dir, name, &detail)?;
-                        tracing::warn!(snapshot = %name, reason = %detail, "backup cannot be decrypted with the configured keys; the next round chooses another");
-                        return Ok(Next::LookAgain(Pause::Now));
-                    }
-                    Err(e) => return Err(e.into()),
+                    return Ok(Next::LookAgain(Pause::Now));
                 }
             }
             if let Some(r) = &facts.restore_request {
@@ -165,6 +175,8 @@ pub async fn act<C: Connector>(
             marker::write(dir, &step.marker())?;
             let mode = match snapshot {
                 Some(name) => {
+                    // A restore etcd's tool cannot do fails the same at every try: the
+                    // loop notes it for /ready and status while it waits (retry::policy).
                     restore(world, name, token).await?;
                     StartMode::Restart
                 }
@@ -235,6 +247,113 @@ pub async fn act<C: Connector>(
     }
 }
 
+/// What a failed download says about the snapshot, when it says something that holds until
+/// the content or the keys change: bytes that fail a checksum (or, encrypted, their
+/// authentication) are remembered with `content`; a key that does not open them with the
+/// keys tried. A store, disk or key-file error says nothing about the snapshot: `None`.
+fn rejection(e: &RestoreError, content: SnapshotContent) -> Option<Failed> {
+    match e {
+        RestoreError::Checksum { detail, .. } => Some(Failed::Checksum {
+            content,
+            detail: detail.clone(),
+        }),
+        RestoreError::Decrypt(CryptError::Corrupt { detail, .. }) => Some(Failed::Checksum {
+            content,
+            detail: format!("the ciphertext fails its authentication: {detail}"),
+        }),
+        RestoreError::Decrypt(CryptError::NoKey {
+            fingerprint, have, ..
+        }) => Some(Failed::Key {
+            content,
+            encrypted_to: fingerprint.clone(),
+            configured: have.clone(),
+        }),
+        RestoreError::Decrypt(CryptError::Missing { fingerprint, .. }) => Some(Failed::Key {
+            content,
+            encrypted_to: fingerprint.clone(),
+            configured: vec![],
+        }),
+        RestoreError::Decrypt(CryptError::KeyFile { .. } | CryptError::Local { .. })
+        | RestoreError::HasData { .. }
+        | RestoreError::Store(_)
+        | RestoreError::Tool { .. }
+        | RestoreError::Io { .. } => None,
+    }
+}
+
+/// Before the forced start of recovery `id`: copy the member directory aside (once per
+/// recovery), record the marker, and move the WAL's commit index to its last entry, so that
+/// `--force-new-cluster` keeps every entry (etcd writes a commit-only hard state without an
+/// fsync, and discards the entries after the commit index on disk). Returns the commit
+/// index etcd starts from.
+///
+/// Exactly once, wherever it is killed: on the first start (`first`) the marker records the
+/// commit index the patch will give, before the patch; a later start patches to the
+/// marker's index only. Right before etcd starts, the marker always holds the commit index
+/// on disk, so the forced start (which commits its configuration change after the last
+/// entry) is what moves the commit index past it, and `RecoveryMarker::applied` holds.
+fn prepare_forced_start(
+    dir: &Path,
+    id: &str,
+    commit: u64,
+    first: bool,
+    now: u64,
+) -> Result<u64, VolumeError> {
+    let unreadable = |source| VolumeError::Unreadable {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let wal_dir = dir.join("member").join("wal");
+    match volume::copy_aside(dir, BEFORE_RECOVERY, id, now)? {
+        Some((to, true)) => {
+            tracing::warn!(recovery = %id, copied_to = %to.display(), "recovery: this volume's member directory copied aside before the forced start (the forced start runs on the data in place)")
+        }
+        Some((to, false)) => {
+            tracing::info!(recovery = %id, copied_to = %to.display(), "recovery: the copy made before the forced start is already there")
+        }
+        None => {}
+    }
+    let target = if first {
+        let (target, why) = volume::wal::reachable_commit(&wal_dir)
+            .map_err(unreadable)?
+            .unwrap_or((commit, None));
+        if let Some(why) = why {
+            tracing::warn!(recovery = %id, commit_index = target, "recovery: {why}");
+        }
+        marker::write_recovery(
+            dir,
+            &crate::facts::RecoveryMarker {
+                id: id.to_string(),
+                commit: target,
+            },
+        )?;
+        target
+    } else {
+        commit
+    };
+    if let volume::wal::Patched::Moved { file, from, to } =
+        volume::wal::patch_commit(&wal_dir, target).map_err(unreadable)?
+    {
+        tracing::warn!(recovery = %id, wal = %file.display(), from, to, "recovery: the WAL's commit index moved to its last entry, so the forced start keeps every entry written");
+    }
+    let on_disk = volume::log_tail(dir)?.map_or(target, |t| t.commit);
+    if on_disk != target {
+        // The patch could not be made as planned: the marker says what etcd starts from.
+        tracing::warn!(recovery = %id, planned = target, commit_index = on_disk, "recovery: the WAL's commit index is not the one planned; the marker records the one on disk");
+        marker::write_recovery(
+            dir,
+            &crate::facts::RecoveryMarker {
+                id: id.to_string(),
+                commit: on_disk,
+            },
+        )?;
+    }
+    Ok(on_disk)
+}
+
+/// The suffix of the copy made before a forced start (`set-aside/<time>-before-recovery`).
+const BEFORE_RECOVERY: &str = "before-recovery";
+
 /// The store and the manifest of snapshot `name`.
 async fn find_snapshot<'a, C>(
     world: &World<'a, C>,
@@ -295,15 +414,10 @@ async fn restore<C>(world: &World<'_, C>, name: &str, token: &str) -> Result<(),
     };
     let member = restore::formation_member(cfg, token);
     restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
-    let age = std::time::SystemTime::now()
-        .duration_since(manifest.time())
-        .unwrap_or_default();
-    tracing::warn!(
-        snapshot = %manifest.name,
-        revision = manifest.revision,
-        taken = %manifest.time,
-        age = %humantime::format_duration(Duration::from_secs(age.as_secs())),
-        "every volume was lost: this member is restored from a backup; writes after this snapshot are not in it"
+    restore::log_restored(
+        &manifest,
+        &backup.tool,
+        "this member is restored from a backup (every volume lost, or an operator's restore); writes after this snapshot are not in it",
     );
     Ok(())
 }
@@ -339,4 +453,157 @@ async fn wait_for_seed(cfg: &Config, facts: &Facts) {
         tokio::time::sleep(SEED_POLL).await;
     }
     tracing::info!(seed = %host, waited = ?started.elapsed(), "ordinal 0's etcd does not serve yet; starting etcd anyway (the other members can form a quorum)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::store::StoreError;
+    use crate::facts::RecoveryMarker;
+    use crate::volume::wal::tests::WalFile;
+
+    fn content() -> SnapshotContent {
+        SnapshotContent {
+            sha256: "ab".into(),
+            size: Some(10),
+            etag: Some("e1".into()),
+        }
+    }
+
+    #[test]
+    fn a_store_or_disk_error_is_never_remembered_as_a_rejection() {
+        let store = RestoreError::Store(StoreError::Io {
+            store: "s3://b".into(),
+            op: "get",
+            name: "snapshots/s1.db".into(),
+            detail: "connection reset".into(),
+        });
+        let gone = RestoreError::Store(StoreError::NotFound {
+            store: "s3://b".into(),
+            name: "snapshots/s1.db".into(),
+        });
+        let disk = RestoreError::Decrypt(CryptError::Local {
+            name: "s1".into(),
+            detail: "No space left on device".into(),
+        });
+        for e in [store, gone, disk] {
+            assert_eq!(rejection(&e, content()), None, "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_bytes_are_remembered_with_their_content_and_a_key_that_does_not_open_with_the_keys() {
+        let torn = RestoreError::Checksum {
+            name: "s1".into(),
+            detail: "sha256 mismatch".into(),
+        };
+        assert_eq!(
+            rejection(&torn, content()),
+            Some(Failed::Checksum {
+                content: content(),
+                detail: "sha256 mismatch".into()
+            })
+        );
+        let wrong_key = RestoreError::Decrypt(CryptError::NoKey {
+            name: "s1".into(),
+            fingerprint: "sha256:right".into(),
+            have: vec!["sha256:wrong".into()],
+        });
+        assert_eq!(
+            rejection(&wrong_key, content()),
+            Some(Failed::Key {
+                content: content(),
+                encrypted_to: "sha256:right".into(),
+                configured: vec!["sha256:wrong".into()],
+            })
+        );
+    }
+
+    const WAL: &str = "member/wal/0000000000000000-0000000000000000.wal";
+
+    /// A volume whose log ends at 14 while its newest hard state commits 12.
+    fn lagging_volume() -> std::io::Result<tempfile::TempDir> {
+        let tmp = tempfile::tempdir()?;
+        let mut wal = WalFile::head(7, 9, 0);
+        wal.state(3, 2, 10);
+        for index in 11..=14 {
+            wal.entry(3, index);
+        }
+        wal.state(3, 2, 12);
+        wal.bytes.extend([0u8; 4096]);
+        std::fs::create_dir_all(tmp.path().join("member/wal"))?;
+        std::fs::write(tmp.path().join(WAL), &wal.bytes)?;
+        Ok(tmp)
+    }
+
+    fn commit_on_disk(dir: &Path) -> Option<u64> {
+        volume::log_tail(dir).ok().flatten().map(|t| t.commit)
+    }
+
+    /// A recovery marker for "r1" planned to start from `commit`.
+    fn mark_recovery(dir: &Path, commit: u64) -> Result<(), VolumeError> {
+        marker::write_recovery(
+            dir,
+            &RecoveryMarker {
+                id: "r1".into(),
+                commit,
+            },
+        )
+    }
+
+    fn marker_commit(dir: &Path) -> Option<u64> {
+        marker::recovery(dir).ok().flatten().map(|m| m.commit)
+    }
+
+    #[test]
+    fn a_first_forced_start_copies_aside_patches_and_records_the_commit_it_starts_from(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = lagging_volume()?;
+        let dir = tmp.path();
+        assert_eq!(prepare_forced_start(dir, "r1", 12, true, 100)?, 14);
+        assert_eq!(commit_on_disk(dir), Some(14));
+        assert_eq!(marker_commit(dir), Some(14));
+        // The copy holds the WAL as it was before the patch.
+        let copy = dir.join("set-aside/100-before-recovery").join(WAL);
+        let tail = volume::wal::tail(copy.parent().ok_or("no parent")?)?;
+        assert_eq!(tail.map(|t| t.commit), Some(12));
+        // Killed before etcd started: the next start is forced again, and writes nothing.
+        let m = marker::recovery(dir)?.ok_or("no marker")?;
+        assert!(!m.applied(volume::log_tail(dir)?.as_ref()));
+        let before = std::fs::read(dir.join(WAL))?;
+        assert_eq!(prepare_forced_start(dir, "r1", m.commit, false, 101)?, 14);
+        assert_eq!(std::fs::read(dir.join(WAL))?, before);
+        assert!(!dir.join("set-aside/101-before-recovery").exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_start_killed_between_the_marker_and_the_patch_patches_to_the_marker_then_forces(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = lagging_volume()?;
+        let dir = tmp.path();
+        mark_recovery(dir, 14)?;
+        assert_eq!(prepare_forced_start(dir, "r1", 14, false, 100)?, 14);
+        assert_eq!(commit_on_disk(dir), Some(14));
+        Ok(())
+    }
+
+    #[test]
+    fn a_patch_that_cannot_be_made_leaves_the_marker_at_the_commit_index_on_disk(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = lagging_volume()?;
+        let dir = tmp.path();
+        // The marker planned 14, but the tail is torn now: etcd starts from 12 and the
+        // forced start's own entries (13 on) must count as "applied".
+        let mut bytes = std::fs::read(dir.join(WAL))?;
+        let end = bytes.iter().rposition(|b| *b != 0).ok_or("empty")? + 1;
+        let end = end.next_multiple_of(8);
+        bytes[end..end + 8].copy_from_slice(&[0xff; 8]);
+        std::fs::write(dir.join(WAL), &bytes)?;
+        mark_recovery(dir, 14)?;
+        assert_eq!(prepare_forced_start(dir, "r1", 14, false, 100)?, 12);
+        assert_eq!(marker_commit(dir), Some(12));
+        assert_eq!(commit_on_disk(dir), Some(12));
+        Ok(())
+    }
 }

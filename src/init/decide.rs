@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::facts::{
-    ActionKind, BackupFacts, ClusterFacts, Endpoint, Facts, Formation, Lookup, MemberInfo,
-    PeerReport, RestoreWanted,
+    ActionKind, BackupFacts, ClusterFacts, Endpoint, Facts, Failed, Formation, Lookup, MemberInfo,
+    PeerReport, Rejection, RestoreWanted, SnapshotFacts,
 };
 
 /// Why data is set aside before joining.
@@ -107,8 +107,10 @@ pub enum Action {
     Wait,
     /// Start etcd on this volume's data as a one-member cluster (`--force-new-cluster`):
     /// the recovery `id` an operator asked for, from this, the freshest surviving volume.
-    /// `commit` is the WAL's commit index now, recorded in the volume's marker first (when
-    /// `first`); a later start that finds it unchanged starts forced again.
+    /// `commit` is the WAL's commit index now (when `first`), or the one the marker records
+    /// (the commit index the forced start begins from, once the WAL's commit index is moved
+    /// to its last entry); a later start that finds the commit index not past it starts
+    /// forced again.
     Recover {
         id: String,
         commit: u64,
@@ -220,11 +222,11 @@ pub enum Why {
         error: String,
     },
     NoUsableBackup {
-        skipped: Vec<String>,
+        skipped: Vec<(String, Unusable)>,
     },
     NamedBackupUnusable {
         name: String,
-        problem: String,
+        problem: Unusable,
     },
     OtherSnapshot {
         peer: String,
@@ -308,6 +310,16 @@ impl Why {
         std::mem::discriminant(self)
     }
 
+    /// The variant's name (`NoUsableBackup`): the machine kind of a wait in `waiting.json`.
+    pub fn name(&self) -> String {
+        let debug = format!("{self:?}");
+        debug
+            .split(|c: char| !c.is_alphanumeric())
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// For a wait that lists what it still waits for (pods not prepared, peers not
     /// accounted for), how many; the back-off starts afresh when this falls, so a
     /// formation that makes progress is looked at again soon.
@@ -344,14 +356,14 @@ impl std::fmt::Display for Why {
             Why::NoProofYet { blockers, not_reached } => write!(f, "no proof yet that no cluster exists: {}{not_reached}", blockers.join("; ")),
             Why::ReadyToPrepare { snapshot } => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster{}", from_backup(snapshot)),
             Why::BackupStoreUnreachable { error } => write!(f, "every volume is empty and no cluster answered, but the backup store cannot be listed ({error}): no proof that there is no backup to restore, so no empty cluster is formed; waiting for the store"),
-            Why::NoUsableBackup { skipped } => write!(f, "every volume is empty and no cluster answered; the backup store holds snapshots but none is usable ({}): an empty cluster is not formed in their place. Fix the store, or name a snapshot with --restore, or start empty with --restore never", skipped.join("; ")),
+            Why::NoUsableBackup { skipped } => write!(f, "every volume is empty and no cluster answered; the backup store holds snapshots but none is usable ({}): an empty cluster is not formed in their place. Fix the store or the keys, or name a snapshot with --restore, or start empty with --restore never", skipped.iter().map(|(name, why)| format!("{name} {why}")).collect::<Vec<_>>().join("; ")),
             Why::NamedBackupUnusable { name, problem } => write!(f, "every volume is empty and no cluster answered; --restore names snapshot {name}, which {problem}: waiting"),
             Why::OtherSnapshot { peer, theirs, ours } => write!(f, "{peer} prepared to form the new cluster from {}, this pod from {}: waiting until every pod chose the same", snapshot_name(theirs), snapshot_name(ours)),
             Why::OtherInitialCluster { peer, theirs, ours } => write!(f, "{peer} prepares a different initial cluster ({theirs}) than this pod ({ours}): every pod needs the same --replicas, --service and ports"),
             Why::WaitingForPrepare { pods } => write!(f, "forming a new cluster: waiting for {} to prepare", pods.join(", ")),
             Why::FormNew { token, snapshot } => write!(f, "every initial pod is empty and prepared, and no cluster exists: form a new cluster with token {token}{}", from_backup(snapshot)),
             Why::RecoveryRequested { id, plan } => write!(f, "recovery {id} was requested and this pod's own observations agree: {plan}; etcd starts once with --force-new-cluster, as a one-member cluster on this volume's data"),
-            Why::RecoveryNotApplied { id, commit } => write!(f, "recovery {id}: this volume's commit index is still {commit}, so the forced start did not happen yet (etcd was stopped before it committed): etcd starts with --force-new-cluster again; no other member can have joined meanwhile"),
+            Why::RecoveryNotApplied { id, commit } => write!(f, "recovery {id}: this volume's commit index has not moved past {commit}, the index the forced start begins from, so the forced start did not happen yet (etcd was stopped before it committed): etcd starts with --force-new-cluster again; no other member can have joined meanwhile"),
             Why::RecoveryChoseOther { id, survivor } => write!(f, "recovery {id} names this pod as the survivor, but by this pod's own observations {survivor} holds the freshest volume: not acting; run etcd-steward recover again"),
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
@@ -365,6 +377,74 @@ impl std::fmt::Display for Why {
             Why::VersionHeld { hold, then } => write!(f, "{hold} (decided: {}, {})", then.action.name(), then.why),
         }
     }
+}
+
+/// Why a snapshot in the store is not restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unusable {
+    /// etcd's checksum did not match while it streamed into the store.
+    NotVerified,
+    DrillFailed,
+    NotInStore,
+    /// This pod downloaded these very bytes (same manifest checksum, same stored object)
+    /// and they failed a checksum.
+    BadBytes {
+        detail: String,
+    },
+    /// This pod tried it with the same keys as configured now, and none opens it.
+    NoKey {
+        encrypted_to: String,
+        configured: Vec<String>,
+    },
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::NotVerified => write!(f, "failed its checksum when it was taken"),
+            Unusable::DrillFailed => write!(f, "failed its restore drill"),
+            Unusable::NotInStore => write!(f, "is not in the store"),
+            Unusable::BadBytes { detail } => write!(f, "failed its checksum when this pod downloaded it ({detail}); it is tried again once its stored object or manifest changes"),
+            Unusable::NoKey { encrypted_to, configured } => write!(f, "is encrypted to key {encrypted_to}, and the keys configured now ({}) do not open it: give that key with --backup-decryption-key-file; it is tried again once the configured keys change", fingerprints(configured)),
+        }
+    }
+}
+
+fn fingerprints(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "none".into()
+    } else {
+        keys.join(", ")
+    }
+}
+
+/// Whether what this pod remembers about snapshot `s` still holds: the same content for
+/// bytes that failed, the same content and the same configured keys for a key that did
+/// not open it. An entry an older etcd-steward wrote (no content, no keys recorded) holds
+/// nothing: the snapshot is tried once more, and if it fails again, the new entry records
+/// what it failed on.
+fn rejection_holds(r: &Rejection, s: &SnapshotFacts, keys: &[String]) -> Option<Unusable> {
+    match &r.failed {
+        Failed::Checksum { content, detail } => {
+            (*content == s.content).then(|| Unusable::BadBytes {
+                detail: detail.clone(),
+            })
+        }
+        Failed::Key {
+            content,
+            encrypted_to,
+            configured,
+        } => (*content == s.content && same_set(configured, keys)).then(|| Unusable::NoKey {
+            encrypted_to: encrypted_to.clone(),
+            configured: keys.to_vec(),
+        }),
+        Failed::Unrecorded { .. } => None,
+    }
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let set = |v: &[String]| v.iter().cloned().collect::<std::collections::BTreeSet<_>>();
+    set(a) == set(b)
 }
 
 fn from_backup(snapshot: &Option<String>) -> String {
@@ -833,21 +913,17 @@ fn decide_formation(f: &Facts) -> Decision {
 /// reason to wait (the store unreachable, or snapshots there but none usable: never an
 /// empty cluster in their place).
 fn restore_choice(f: &Facts) -> Result<Option<String>, Why> {
-    let rejected = |name: &str| {
-        f.data
-            .rejected_snapshots
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, why)| why.clone())
-    };
-    let problem = |s: &crate::facts::SnapshotFacts| {
+    let problem = |s: &SnapshotFacts, keys: &[String]| {
         if !s.verified {
-            Some("failed its checksum when it was taken".to_string())
+            Some(Unusable::NotVerified)
         } else if s.drill_failed {
-            Some("failed its restore drill".to_string())
+            Some(Unusable::DrillFailed)
         } else {
-            rejected(&s.name)
-                .map(|why| format!("failed its checksum when this pod downloaded it: {why}"))
+            f.data
+                .rejected_snapshots
+                .iter()
+                .filter(|r| r.name == s.name)
+                .find_map(|r| rejection_holds(r, s, keys))
         }
     };
     match &f.backups {
@@ -861,29 +937,31 @@ fn restore_choice(f: &Facts) -> Result<Option<String>, Why> {
         BackupFacts::Listed {
             wanted: RestoreWanted::Latest,
             snapshots,
+            keys,
         } => {
             if snapshots.is_empty() {
                 return Ok(None);
             }
-            if let Some(usable) = snapshots.iter().find(|s| problem(s).is_none()) {
+            if let Some(usable) = snapshots.iter().find(|s| problem(s, keys).is_none()) {
                 return Ok(Some(usable.name.clone()));
             }
             Err(Why::NoUsableBackup {
                 skipped: snapshots
                     .iter()
-                    .filter_map(|s| Some(format!("{} {}", s.name, problem(s)?)))
+                    .filter_map(|s| Some((s.name.clone(), problem(s, keys)?)))
                     .collect(),
             })
         }
         BackupFacts::Listed {
             wanted: RestoreWanted::Named(name),
             snapshots,
+            keys,
         } => match snapshots.iter().find(|s| &s.name == name) {
             None => Err(Why::NamedBackupUnusable {
                 name: name.clone(),
-                problem: "is not in the store".into(),
+                problem: Unusable::NotInStore,
             }),
-            Some(s) => match problem(s) {
+            Some(s) => match problem(s, keys) {
                 Some(p) => Err(Why::NamedBackupUnusable {
                     name: name.clone(),
                     problem: p,

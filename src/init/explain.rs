@@ -55,9 +55,14 @@ fn backups(f: &Facts) -> Value {
         BackupFacts::Off => json!("off"),
         BackupFacts::NotAsked => json!("not asked"),
         BackupFacts::Unreachable { error } => json!({"unreachable": error}),
-        BackupFacts::Listed { wanted, snapshots } => json!({
+        BackupFacts::Listed {
+            wanted,
+            snapshots,
+            keys,
+        } => json!({
             "restore": wanted,
             "snapshots": snapshots,
+            "keys": keys,
             "rejected_here": f.data.rejected_snapshots,
         }),
     }

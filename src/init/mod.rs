@@ -10,6 +10,7 @@ pub mod explain;
 pub mod observe;
 pub mod retry;
 pub mod upgrade;
+pub mod waiting;
 
 use std::path::PathBuf;
 
@@ -23,7 +24,7 @@ use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::volume;
 use act::{act, ActError, Next, Pause};
-use decide::decide;
+use decide::{decide, Action};
 use etcd_args::{etcd_argv, StartMode};
 use observe::{Observer, PeerReports};
 use retry::{Backoff, Retry};
@@ -89,6 +90,7 @@ where
     }));
     let mut binary = None;
     let mut backoff = Backoff::default();
+    let mut note = Note::load(&cfg.data_dir);
     let mut round = 0u64;
     loop {
         round += 1;
@@ -104,7 +106,17 @@ where
             return Ok(Outcome::DryRun(explain::decision_json(&facts, &d)));
         }
         backoff.observe(&d.why);
-        let pause = match act(&world, &facts, &d, unix_now()).await {
+        let done = act(&world, &facts, &d, unix_now()).await;
+        let waits = match (&d.action, &done) {
+            (Action::Wait, _) => Some((d.why.name(), d.why.to_string())),
+            (_, Err(e)) if retry::policy(e) != Retry::GiveUp => Some((
+                "ActionNotDone".to_string(),
+                format!("{} not done, tried again: {e}", d.action.name()),
+            )),
+            _ => None,
+        };
+        note.set(waits, unix_now());
+        let pause = match done {
             Ok(Next::Exec(mode)) => return Ok(exec(&init, &mode)),
             Ok(Next::LookAgain(pause)) => pause,
             Err(e) => match retry::policy(&e) {
@@ -140,5 +152,120 @@ fn exec(init: &InitConfig, mode: &StartMode) -> Outcome {
     Outcome::Exec {
         bin: init.config.etcd_bin.clone(),
         argv: etcd_argv(&init.config, mode, &init.etcd_args),
+    }
+}
+
+/// The waiting note on the volume, as last written by this init (or, at start, as a
+/// previous one left it while it is still current). Writing it never stops init: an error
+/// is logged and the note is tried again at the next change.
+struct Note {
+    dir: PathBuf,
+    held: Option<crate::facts::Waiting>,
+}
+
+impl Note {
+    fn load(dir: &std::path::Path) -> Note {
+        let last_act = volume::journal::read(dir).pop().map(|e| e.ts);
+        Note {
+            dir: dir.to_path_buf(),
+            held: volume::marker::waiting(dir).filter(|w| w.current(last_act)),
+        }
+    }
+
+    /// After a round: what it waits for (kind, sentence), or nothing when it acted.
+    fn set(&mut self, waits: Option<(String, String)>, now: u64) {
+        let waits = waits.as_ref().map(|(k, r)| (k.as_str(), r.clone()));
+        let result = match waiting::change(self.held.as_ref(), waits, now) {
+            waiting::Change::Keep => return,
+            waiting::Change::Write(w) => {
+                volume::marker::write_waiting(&self.dir, &w).map(|()| Some(w))
+            }
+            waiting::Change::Clear => volume::marker::clear_waiting(&self.dir).map(|()| None),
+        };
+        match result {
+            Ok(held) => self.held = held,
+            Err(e) => {
+                tracing::warn!(error = %e, "the waiting note (for /ready and status) is not updated; init goes on")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::{marker, tests::temp, VolumeError};
+
+    fn waits(reason: &str) -> Option<(String, String)> {
+        Some(("NoUsableBackup".into(), reason.into()))
+    }
+
+    #[test]
+    fn the_note_is_written_when_the_reason_changes_and_goes_when_init_acts(
+    ) -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        let dir = tmp.path();
+        let mut note = Note::load(dir);
+        note.set(waits("no key"), 10);
+        assert_eq!(marker::waiting(dir).map(|w| w.since), Some(10));
+        // Removed behind its back: the same reason again writes nothing.
+        marker::clear_waiting(dir)?;
+        note.set(waits("no key"), 11);
+        assert_eq!(marker::waiting(dir), None, "same reason, no write");
+        note.set(waits("no key, other keys"), 12);
+        assert_eq!(
+            marker::waiting(dir).map(|w| (w.since, w.reason)),
+            Some((10, "no key, other keys".into()))
+        );
+        note.set(None, 13);
+        assert_eq!(marker::waiting(dir), None, "init acted: the note went");
+        Ok(())
+    }
+
+    #[test]
+    fn a_new_init_keeps_a_current_note_and_forgets_one_older_than_its_last_act(
+    ) -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        let dir = tmp.path();
+        Note::load(dir).set(waits("no key"), 10);
+        let mut again = Note::load(dir);
+        again.set(waits("no key"), 20);
+        assert_eq!(
+            marker::waiting(dir).map(|w| w.since),
+            Some(10),
+            "still the same wait"
+        );
+        let entry = volume::journal::Entry {
+            ts: 30,
+            action: crate::facts::ActionKind::Restart,
+            reason: "etcd started".into(),
+            vouch: None,
+        };
+        volume::journal::append(dir, &entry)?;
+        let mut after = Note::load(dir);
+        after.set(waits("no key"), 40);
+        assert_eq!(
+            marker::waiting(dir).map(|w| w.since),
+            Some(40),
+            "a new wait"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_note_that_cannot_be_written_does_not_stop_init() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        let file = tmp.path().join("not-a-dir");
+        std::fs::write(&file, b"x").map_err(|source| VolumeError::Unwritable {
+            path: file.clone(),
+            source,
+        })?;
+        let mut note = Note::load(&file);
+        note.set(waits("no key"), 10);
+        assert_eq!(
+            note.held, None,
+            "not written, tried again at the next change"
+        );
+        Ok(())
     }
 }

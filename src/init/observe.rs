@@ -14,7 +14,8 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
-    PeerVersion, RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotFacts, VersionFacts,
+    PeerVersion, RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotContent, SnapshotFacts,
+    VersionFacts,
 };
 use crate::http_get;
 use crate::init::upgrade;
@@ -408,19 +409,26 @@ where
         if !may_form {
             return BackupFacts::NotAsked;
         }
-        match catalog::list(store).await {
-            Ok(manifests) => BackupFacts::Listed {
+        match catalog::list_stored(store).await {
+            Ok(stored) => BackupFacts::Listed {
                 wanted,
-                snapshots: manifests
+                snapshots: stored
                     .iter()
-                    .map(|m| SnapshotFacts {
+                    .map(|(m, object)| SnapshotFacts {
                         name: m.name.clone(),
                         revision: m.revision,
                         time_unix: m.time_unix,
                         verified: m.verified,
                         drill_failed: m.drill.as_ref().is_some_and(|d| !d.passed),
+                        content: SnapshotContent {
+                            sha256: m.sha256.clone(),
+                            size: object.as_ref().map(|o| o.size),
+                            etag: object.as_ref().and_then(|o| o.e_tag.clone()),
+                        },
+                        key: m.encryption.as_ref().map(|e| e.key.clone()),
                     })
                     .collect(),
+                keys: store.keys().fingerprints(),
             },
             Err(e) => BackupFacts::Unreachable {
                 error: e.to_string(),

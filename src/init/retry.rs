@@ -38,8 +38,12 @@ pub fn policy(e: &ActError) -> Retry {
             RestoreError::Store(_) | RestoreError::Checksum { .. } | RestoreError::Decrypt(_),
         )
         | ActError::SnapshotMissing { .. } => Retry::Backoff,
-        // etcd's restore tool fails, or the volume cannot be written, or (never expected)
-        // the volume holds data: exit, so `kubectl describe pod` shows why.
+        // etcd's restore tool cannot run, or refuses the snapshot: it fails the same way at
+        // every try, so a restart would only loop. Wait, saying why at every round, until
+        // an operator fixes the tool (or the store): never an empty cluster instead.
+        ActError::Restore(RestoreError::Tool { .. }) => Retry::Backoff,
+        // The volume cannot be written, or (never expected) the volume holds data: exit, so
+        // `kubectl describe pod` shows why.
         ActError::Restore(_) => Retry::GiveUp,
         ActError::Membership { source, .. } => match source {
             EtcdError::UnhealthyCluster => Retry::After(UNHEALTHY_CLUSTER_RETRY),
@@ -141,6 +145,16 @@ mod tests {
                     name: "s1".into(),
                     why: "it is not in the backup store",
                 },
+                Retry::Backoff,
+            ),
+            (
+                ActError::Restore(RestoreError::Tool {
+                    name: "s1".into(),
+                    error: crate::backup::tool::ToolError::Spawn {
+                        bin: "etcdutl".into(),
+                        error: std::io::Error::from(std::io::ErrorKind::NotFound),
+                    },
+                }),
                 Retry::Backoff,
             ),
             (

@@ -3,10 +3,13 @@
 //! the survivor's `init` computes it again from its own observations and acts only when
 //! it comes to the same survivor.
 //!
-//! The evidence is each volume's WAL tail ([`WalTail`]): the commit index of its newest
-//! hard state first (it is what `--force-new-cluster` keeps: etcd discards the entries
-//! after it), then the last entry's term and index. Every pod that might hold fresher data
-//! must have answered with that evidence, unless the operator names it lost for good.
+//! The evidence is each volume's WAL tail ([`WalTail`]), ordered by raft's up-to-date
+//! rule: the last entry's term, then its index. The survivor keeps its whole log: before
+//! the forced start its commit index is moved to the last entry (etcd's commit index on
+//! disk may lag what was acknowledged, and `--force-new-cluster` discards the entries after
+//! it); only a tail that cannot be read cleanly keeps just its committed part, and the plan
+//! says how many entries that discards. Every pod that might hold fresher data must have
+//! answered with that evidence, unless the operator names it lost for good.
 
 use std::collections::BTreeSet;
 
@@ -65,6 +68,11 @@ pub struct Plan {
     pub id: String,
     pub survivor: String,
     pub why: String,
+    /// How many entries after the survivor's commit index on disk the recovery keeps
+    /// (written, maybe acknowledged, but not yet marked committed on its disk).
+    pub keeps_entries_beyond_commit: u64,
+    /// How many it discards (its WAL's tail cannot be read cleanly).
+    pub discards_entries_beyond_commit: u64,
     pub pods: Vec<PodPlan>,
 }
 
@@ -216,16 +224,25 @@ pub fn plan_pods(
                 .then(b.ordinal.cmp(&a.ordinal))
         })
         .ok_or(Refusal::NoData)?;
+    let (keeps, discards) = (best.keeps_beyond_commit(), best.discards_beyond_commit());
     let mut why = format!(
-        "{} holds the freshest log: commit index {} (last entry {} of term {})",
-        survivor.name, best.commit, best.last_index, best.last_term
+        "{} holds the freshest log: last entry {} of term {} (commit index {} on disk); it keeps {keeps} entries beyond the commit index",
+        survivor.name, best.last_index, best.last_term, best.commit
     );
+    if discards > 0 {
+        why.push_str(&format!(
+            " and discards {discards} (its WAL's tail cannot be read cleanly: --force-new-cluster drops them)"
+        ));
+    }
     let others: Vec<String> = holders
         .iter()
         .filter(|(p, _, _)| p.name != survivor.name)
         .filter_map(|(p, log, _)| {
             let l = (*log)?;
-            Some(format!("{} commit index {}", p.name, l.commit))
+            Some(format!(
+                "{} last entry {} of term {}",
+                p.name, l.last_index, l.last_term
+            ))
         })
         .collect();
     if !others.is_empty() {
@@ -258,11 +275,13 @@ pub fn plan_pods(
         .collect();
     let id = pending
         .map(str::to_string)
-        .unwrap_or_else(|| format!("{}-{}-{}", survivor.name, best.last_term, best.commit));
+        .unwrap_or_else(|| format!("{}-{}-{}", survivor.name, best.last_term, best.last_index));
     Ok(Plan {
         id,
         survivor: survivor.name.clone(),
         why,
+        keeps_entries_beyond_commit: keeps,
+        discards_entries_beyond_commit: discards,
         pods,
     })
 }
@@ -313,6 +332,7 @@ mod tests {
                 last_term,
                 commit,
                 term: last_term,
+                clean_end: true,
             }),
         }
     }
@@ -326,16 +346,26 @@ mod tests {
     }
 
     #[test]
-    fn the_volume_with_the_highest_commit_index_is_the_survivor() -> Result<(), Refusal> {
+    fn the_volume_with_the_most_up_to_date_log_is_the_survivor_not_the_highest_commit(
+    ) -> Result<(), Refusal> {
+        // etcd-0 committed more on disk, but etcd-2's log goes further in the same term:
+        // raft would elect etcd-2, and a recovery from it keeps every entry etcd-0 has.
         let pods = [
-            pod(0, log(90, 3, 95)),
+            pod(0, log(118, 3, 119)),
             pod(1, Holding::Empty),
-            pod(2, log(120, 3, 120)),
+            pod(2, log(90, 3, 120)),
             pod(3, Holding::Empty),
             pod(4, Holding::Empty),
         ];
         let p = plan_pods(&pods, &[], None)?;
         assert_eq!(p.survivor, "etcd-2");
+        assert_eq!(p.keeps_entries_beyond_commit, 30);
+        assert_eq!(p.discards_entries_beyond_commit, 0);
+        assert!(
+            p.why.contains("keeps 30 entries beyond the commit index"),
+            "{}",
+            p.why
+        );
         let steps: Vec<Step> = p.pods.iter().map(|p| p.step).collect();
         assert_eq!(
             steps,
@@ -351,10 +381,17 @@ mod tests {
     }
 
     #[test]
-    fn equal_commits_are_decided_by_the_log_then_the_lowest_ordinal() -> Result<(), Refusal> {
+    fn a_newer_last_term_beats_a_longer_log_then_the_index_then_the_lowest_ordinal(
+    ) -> Result<(), Refusal> {
         let pods = [
-            pod(0, log(50, 2, 50)),
+            pod(0, log(60, 2, 60)),
             pod(1, log(50, 3, 51)),
+            pod(2, Holding::Empty),
+        ];
+        assert_eq!(plan_pods(&pods, &[], None)?.survivor, "etcd-1");
+        let pods = [
+            pod(0, log(50, 3, 51)),
+            pod(1, log(50, 3, 52)),
             pod(2, Holding::Empty),
         ];
         assert_eq!(plan_pods(&pods, &[], None)?.survivor, "etcd-1");
@@ -364,6 +401,30 @@ mod tests {
             pod(2, Holding::Empty),
         ];
         assert_eq!(plan_pods(&pods, &[], None)?.survivor, "etcd-0");
+        Ok(())
+    }
+
+    #[test]
+    fn a_survivor_whose_tail_is_torn_says_how_many_entries_it_discards() -> Result<(), Refusal> {
+        let torn = Holding::Data {
+            cluster_id: Some(7),
+            log: Some(WalTail {
+                last_index: 120,
+                last_term: 3,
+                commit: 112,
+                term: 3,
+                clean_end: false,
+            }),
+        };
+        let p = plan_pods(&[pod(0, torn), pod(1, Holding::Empty)], &[], None)?;
+        assert_eq!(
+            (
+                p.keeps_entries_beyond_commit,
+                p.discards_entries_beyond_commit
+            ),
+            (0, 8)
+        );
+        assert!(p.why.contains("discards 8"), "{}", p.why);
         Ok(())
     }
 
@@ -464,6 +525,9 @@ mod tests {
     fn a_recovery_under_way_keeps_its_id() -> Result<(), Refusal> {
         let pods = [pod(0, log(10, 1, 10)), pod(1, Holding::Empty)];
         assert_eq!(plan_pods(&pods, &[], None)?.id, "etcd-0-1-10");
+        // The ID names the log's end, which moving the commit index does not change.
+        let moved = [pod(0, log(4, 1, 10)), pod(1, Holding::Empty)];
+        assert_eq!(plan_pods(&moved, &[], None)?.id, "etcd-0-1-10");
         assert_eq!(plan_pods(&pods, &[], Some("r7"))?.id, "r7");
         Ok(())
     }

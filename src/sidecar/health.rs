@@ -153,3 +153,49 @@ pub fn assess(o: &LocalObservation) -> Health {
             || o.peer_api == Some(PeerApi::Answered),
     }
 }
+
+/// What `init` waits for, as `/ready` and the peer report show it: only while the local
+/// etcd does not answer, and only a note newer than init's last act (`last_act`, its
+/// journal's last entry) — one left behind by an init that went on to start etcd is stale.
+pub fn waiting_shown(
+    note: Option<crate::facts::Waiting>,
+    etcd_running: bool,
+    last_act: Option<u64>,
+) -> Option<crate::facts::Waiting> {
+    note.filter(|w| !etcd_running && w.current(last_act))
+}
+
+#[cfg(test)]
+mod waiting_tests {
+    use super::waiting_shown;
+    use crate::facts::Waiting;
+
+    #[test]
+    fn a_waiting_note_shows_only_while_etcd_is_down_and_init_has_not_acted_since() {
+        let note = Waiting {
+            since: 100,
+            kind: "NoUsableBackup".into(),
+            reason: "no key".into(),
+        };
+        assert_eq!(
+            waiting_shown(Some(note.clone()), false, Some(50)),
+            Some(note.clone())
+        );
+        assert_eq!(
+            waiting_shown(Some(note.clone()), false, None),
+            Some(note.clone())
+        );
+        assert_eq!(
+            waiting_shown(Some(note.clone()), true, Some(50)),
+            None,
+            "etcd answers"
+        );
+        assert_eq!(
+            waiting_shown(Some(note.clone()), false, Some(100)),
+            None,
+            "stale"
+        );
+        assert_eq!(waiting_shown(Some(note), false, Some(200)), None, "stale");
+        assert_eq!(waiting_shown(None, false, None), None);
+    }
+}

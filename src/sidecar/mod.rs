@@ -241,6 +241,14 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             }
         }
         let mut health = assess(&seen.local);
+        if !health.etcd_running {
+            let note = crate::volume::marker::waiting(self.journal.data_dir());
+            if let Some(w) = health::waiting_shown(note, health.etcd_running, seen.journal.last_ts)
+            {
+                health.ready.reason =
+                    format!("init is waiting: {}; {}", w.reason, health.ready.reason);
+            }
+        }
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
             if !health.ready.ok {
                 health.ready.reason = format!("{text}; {}", health.ready.reason);

@@ -121,6 +121,8 @@ impl Observation {
 pub struct JournalView {
     /// The action of the last decision.
     pub last: Option<ActionKind>,
+    /// When (unix seconds) init last acted: a waiting note older than this is stale.
+    pub last_ts: Option<u64>,
     /// How many times each action was taken.
     pub counts: BTreeMap<ActionKind, u64>,
 }
@@ -172,6 +174,11 @@ impl Journal {
         }
     }
 
+    /// The data directory the journal lives in.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     pub fn read(&mut self) -> &JournalView {
         let signature = std::fs::metadata(&self.path)
             .ok()
@@ -184,6 +191,7 @@ impl Journal {
             }
             self.view = JournalView {
                 last: entries.last().map(|e| e.action),
+                last_ts: entries.last().map(|e| e.ts),
                 counts,
             };
             self.signature = signature;

@@ -1,12 +1,14 @@
 //! The formation marker, `member/steward/formation.json`: this pod's nonce for a formation
 //! under way, and once agreed, the cluster token. Written durably before etcd starts, so a
 //! pod killed mid-formation recognises its own formation when it comes back. Beside it,
-//! the snapshots this pod found corrupt when it downloaded one to restore a new cluster
-//! from (`rejected-snapshots.json`), so that the next round chooses another.
+//! the snapshots this pod could not use when it downloaded one to restore a new cluster
+//! from (`rejected-snapshots.json`), with the content or the keys they failed on, so that
+//! the next round chooses another until either changes. And what `init` waits for
+//! (`waiting.json`), for `/ready`, the peer report and `status`.
 
 use std::path::{Path, PathBuf};
 
-use crate::facts::{Formation, LeftMarker, RecoveryMarker};
+use crate::facts::{Failed, Formation, LeftMarker, RecoveryMarker, Rejection, Waiting};
 
 use super::{steward_dir, write_atomically, VolumeError};
 
@@ -108,23 +110,69 @@ fn rejected_path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("rejected-snapshots.json")
 }
 
-/// The snapshots found corrupt on download, with why (none when the file is missing or
-/// unreadable: a re-download finds a corrupt one again).
-pub fn rejected_snapshots(dir: &Path) -> Vec<(String, String)> {
-    std::fs::read(rejected_path(dir))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default()
+/// One entry of `rejected-snapshots.json`, as this or an older etcd-steward wrote it.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Stored {
+    Now(Rejection),
+    /// Before the content and keys were recorded: `[name, detail]`.
+    Before(String, String),
 }
 
-/// Notes that `name` failed its checksum here, so it is not chosen again.
-pub fn reject_snapshot(dir: &Path, name: &str, why: &str) -> Result<(), VolumeError> {
+/// The snapshots this pod could not use, with what was wanting (none when the file is
+/// missing or unreadable: a re-download finds a corrupt one again). Entries an older
+/// etcd-steward wrote (name and detail only) come back as [`Failed::Unrecorded`].
+pub fn rejected_snapshots(dir: &Path) -> Vec<Rejection> {
+    std::fs::read(rejected_path(dir))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Vec<Stored>>(&bytes).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| match s {
+            Stored::Now(r) => r,
+            Stored::Before(name, detail) => Rejection {
+                name,
+                failed: Failed::Unrecorded { detail },
+            },
+        })
+        .collect()
+}
+
+/// Records why snapshot `r.name` could not be used here, in place of whatever was recorded
+/// for it before (one entry per name: the latest). Writing the same record again changes
+/// nothing.
+pub fn reject_snapshot(dir: &Path, r: &Rejection) -> Result<(), VolumeError> {
     let mut all = rejected_snapshots(dir);
-    if !all.iter().any(|(n, _)| n == name) {
-        all.push((name.to_string(), why.to_string()));
-    }
+    all.retain(|old| old.name != r.name);
+    all.push(r.clone());
     let bytes = serde_json::to_vec(&all).unwrap_or_default();
     write_atomically(&rejected_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+fn waiting_path(dir: &Path) -> PathBuf {
+    steward_dir(dir).join("waiting.json")
+}
+
+/// What `init` noted it waits for (`member/steward/waiting.json`), if anything. A note
+/// that does not parse says nothing.
+pub fn waiting(dir: &Path) -> Option<Waiting> {
+    std::fs::read(waiting_path(dir))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+}
+
+/// Notes what `init` waits for, in place of the note before, durably.
+pub fn write_waiting(dir: &Path, w: &Waiting) -> Result<(), VolumeError> {
+    let bytes = serde_json::to_vec(w).unwrap_or_default();
+    write_atomically(&waiting_path(dir), &bytes).map_err(VolumeError::unwritable(dir))
+}
+
+/// `init` goes on: the note goes (the agent's own note, not data). No note is fine.
+pub fn clear_waiting(dir: &Path) -> Result<(), VolumeError> {
+    match std::fs::remove_file(waiting_path(dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(VolumeError::unwritable(dir)(e)),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +196,25 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_note_round_trips_is_not_data_and_clearing_it_twice_is_fine(
+    ) -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        assert_eq!(waiting(tmp.path()), None);
+        let w = Waiting {
+            since: 1,
+            kind: "NoUsableBackup".into(),
+            reason: "no key opens it".into(),
+        };
+        write_waiting(tmp.path(), &w)?;
+        assert_eq!(waiting(tmp.path()), Some(w));
+        assert!(!inspect(tmp.path())?.has_data(), "a note is not data");
+        clear_waiting(tmp.path())?;
+        clear_waiting(tmp.path())?;
+        assert_eq!(waiting(tmp.path()), None);
+        Ok(())
+    }
+
+    #[test]
     fn a_garbled_marker_is_noted_and_ignored() -> Result<(), VolumeError> {
         let tmp = temp()?;
         std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
@@ -158,22 +225,70 @@ mod tests {
         Ok(())
     }
 
+    fn checksum(name: &str, etag: &str) -> Rejection {
+        Rejection {
+            name: name.into(),
+            failed: Failed::Checksum {
+                content: crate::facts::SnapshotContent {
+                    sha256: "ab".into(),
+                    size: Some(10),
+                    etag: Some(etag.into()),
+                },
+                detail: "sha256 mismatch".into(),
+            },
+        }
+    }
+
     #[test]
-    fn a_rejected_snapshot_is_remembered_once_and_is_not_data() -> Result<(), VolumeError> {
+    fn a_rejected_snapshot_is_remembered_once_per_name_latest_first_and_is_not_data(
+    ) -> Result<(), VolumeError> {
         let tmp = temp()?;
         assert!(rejected_snapshots(tmp.path()).is_empty());
-        reject_snapshot(tmp.path(), "s1", "sha256 mismatch")?;
-        reject_snapshot(tmp.path(), "s1", "again")?;
-        reject_snapshot(tmp.path(), "s2", "trailer mismatch")?;
+        let key = Rejection {
+            name: "s2".into(),
+            failed: Failed::Key {
+                content: Default::default(),
+                encrypted_to: "sha256:aa".into(),
+                configured: vec!["sha256:bb".into()],
+            },
+        };
+        reject_snapshot(tmp.path(), &checksum("s1", "e1"))?;
+        reject_snapshot(tmp.path(), &key)?;
+        reject_snapshot(tmp.path(), &checksum("s1", "e2"))?;
+        reject_snapshot(tmp.path(), &checksum("s1", "e2"))?;
         let state = inspect(tmp.path())?;
-        assert_eq!(
-            state.rejected_snapshots,
-            vec![
-                ("s1".to_string(), "sha256 mismatch".to_string()),
-                ("s2".to_string(), "trailer mismatch".to_string())
-            ]
-        );
+        assert_eq!(state.rejected_snapshots, vec![key, checksum("s1", "e2")]);
         assert!(!state.has_data());
+        Ok(())
+    }
+
+    #[test]
+    fn an_older_name_and_detail_list_is_still_read_as_unrecorded() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
+        std::fs::write(
+            rejected_path(tmp.path()),
+            br#"[["s1","snapshot s1 fails its checksum: sha256 mismatch"]]"#,
+        )
+        .ok();
+        let unrecorded = Rejection {
+            name: "s1".into(),
+            failed: Failed::Unrecorded {
+                detail: "snapshot s1 fails its checksum: sha256 mismatch".into(),
+            },
+        };
+        assert_eq!(rejected_snapshots(tmp.path()), vec![unrecorded.clone()]);
+        // Rewritten in the new form, the old entry kept as it was until its name fails again.
+        reject_snapshot(tmp.path(), &checksum("s2", "e1"))?;
+        assert_eq!(
+            rejected_snapshots(tmp.path()),
+            vec![unrecorded, checksum("s2", "e1")]
+        );
+        reject_snapshot(tmp.path(), &checksum("s1", "e1"))?;
+        assert_eq!(
+            rejected_snapshots(tmp.path()),
+            vec![checksum("s2", "e1"), checksum("s1", "e1")]
+        );
         Ok(())
     }
 }

@@ -160,6 +160,117 @@ pub fn set_aside(dir: &Path, why: &str, stamp: u64) -> Result<Option<PathBuf>, V
     Ok(Some(target))
 }
 
+/// The file inside a copy's directory naming what it was copied for.
+const COPIED_FOR: &str = "copied-for";
+
+/// Copies `member/` (WAL, snapshots, our files) to `set-aside/<stamp>-<why>/member`, once
+/// for `tag`: when a copy for `tag` already exists it is returned and nothing is copied.
+/// The copy is made under `set-aside/.<why>-<tag>.partial` (a copy killed midway is copied
+/// over when run again), fsynced, and renamed into place last. `None` without `member/`.
+pub fn copy_aside(
+    dir: &Path,
+    why: &str,
+    tag: &str,
+    stamp: u64,
+) -> Result<Option<(PathBuf, bool)>, VolumeError> {
+    let member = member_dir(dir);
+    if !member.exists() {
+        return Ok(None);
+    }
+    let root = dir.join("set-aside");
+    if let Some(done) = find_copy(&root, why, tag) {
+        return Ok(Some((done.join("member"), false)));
+    }
+    let unwritable = VolumeError::unwritable(dir);
+    let partial = root.join(format!(".{why}-{}.partial", slug(tag)));
+    let copy = || -> std::io::Result<PathBuf> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&partial)?;
+        copy_tree(&member, &partial.join("member"), Path::new(""))?;
+        let mut f = std::fs::File::create(partial.join(COPIED_FOR))?;
+        f.write_all(tag.as_bytes())?;
+        f.sync_all()?;
+        std::fs::File::open(&partial)?.sync_all()?;
+        let target = root.join(format!("{stamp}-{why}"));
+        std::fs::rename(&partial, &target)?;
+        std::fs::File::open(&root)?.sync_all()?;
+        Ok(target.join("member"))
+    };
+    copy().map(|to| Some((to, true))).map_err(|e| {
+        // A copy that failed (the volume full, most often) is removed, or it would hold the
+        // room the next attempt, and etcd itself, need: it is only a copy of `member/`,
+        // which stays in place untouched.
+        if let Err(left) = std::fs::remove_dir_all(&partial) {
+            tracing::warn!(partial = %partial.display(), error = %left, "the failed copy aside could not be removed");
+        }
+        unwritable(e)
+    })
+}
+
+/// Whether `rel` (a path inside `member/`) is a WAL segment etcd preallocated and has not
+/// written yet (`wal/<n>.tmp`): it holds no entry, and copying it could fill the volume.
+fn is_preallocated_wal(rel: &Path) -> bool {
+    rel.parent() == Some(Path::new("wal")) && rel.extension().is_some_and(|e| e == "tmp")
+}
+
+/// The copy made for `tag` (`set-aside/<stamp>-<why>/` holding `copied-for` = `tag`).
+fn find_copy(root: &Path, why: &str, tag: &str) -> Option<PathBuf> {
+    let suffix = format!("-{why}");
+    std::fs::read_dir(root)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(&suffix) && !n.starts_with('.'))
+        })
+        .find(|p| std::fs::read(p.join(COPIED_FOR)).is_ok_and(|b| b == tag.as_bytes()))
+}
+
+/// `tag` with only the characters a file name may safely hold.
+fn slug(tag: &str) -> String {
+    tag.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Copies the directory tree `from` (at `rel` inside `member/`) into `to` (files fsynced;
+/// symlinks copied as links; etcd's preallocated WAL segments left out).
+fn copy_tree(from: &Path, to: &Path, rel: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let rel = rel.join(entry.file_name());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&src, &dst, &rel)?;
+        } else if is_preallocated_wal(&rel) {
+            continue;
+        } else if kind.is_symlink() {
+            if std::fs::symlink_metadata(&dst).is_err() {
+                std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+            }
+        } else {
+            std::fs::copy(&src, &dst)?;
+            std::fs::File::open(&dst)?.sync_all()?;
+        }
+    }
+    std::fs::File::open(to)?.sync_all()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -225,6 +336,69 @@ pub(crate) mod tests {
             .exists());
         assert!(!inspect(tmp.path())?.has_data());
         assert_eq!(set_aside(tmp.path(), "again", 43)?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_aside_keeps_the_data_in_place_and_is_made_once_per_tag() -> Result<(), VolumeError> {
+        let tmp = temp_with_wal(5, 6)?;
+        let wal = "wal/0000000000000000-0000000000000000.wal";
+        // A copy killed midway left a partial directory: it is copied over, not kept apart.
+        let partial = tmp
+            .path()
+            .join("set-aside/.before-recovery-r_1.partial/member");
+        std::fs::create_dir_all(partial.join("wal")).ok();
+        std::fs::write(partial.join(wal), b"torn").ok();
+        let made = copy_aside(tmp.path(), "before-recovery", "r/1", 42)?;
+        let expected = tmp.path().join("set-aside/42-before-recovery/member");
+        assert_eq!(made, Some((expected.clone(), true)));
+        assert_eq!(
+            std::fs::read(expected.join(wal)).ok(),
+            std::fs::read(tmp.path().join("member").join(wal)).ok()
+        );
+        assert!(inspect(tmp.path())?.has_data(), "a copy, not a rename");
+        assert!(!partial.exists());
+        // Run again for the same recovery (later): the copy is found, nothing is copied.
+        assert_eq!(
+            copy_aside(tmp.path(), "before-recovery", "r/1", 43)?,
+            Some((expected, false))
+        );
+        assert!(!tmp.path().join("set-aside/43-before-recovery").exists());
+        // Another recovery gets its own copy.
+        let other = copy_aside(tmp.path(), "before-recovery", "r2", 44)?;
+        assert_eq!(other.map(|(_, new)| new), Some(true));
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_aside_leaves_out_the_preallocated_wal_segment() -> Result<(), VolumeError> {
+        let tmp = temp_with_wal(5, 6)?;
+        let wal = tmp.path().join("member/wal");
+        std::fs::write(wal.join("0.tmp"), vec![0u8; 4096]).ok();
+        std::fs::create_dir_all(tmp.path().join("member/snap")).ok();
+        std::fs::write(tmp.path().join("member/snap/db"), b"bolt").ok();
+        let made = copy_aside(tmp.path(), "before-recovery", "r1", 42)?;
+        let copy = tmp.path().join("set-aside/42-before-recovery/member");
+        assert_eq!(made, Some((copy.clone(), true)));
+        assert!(copy
+            .join("wal/0000000000000000-0000000000000000.wal")
+            .exists());
+        assert!(copy.join("snap/db").exists());
+        assert!(!copy.join("wal/0.tmp").exists(), "no room spent on zeros");
+        assert!(wal.join("0.tmp").exists(), "the original is untouched");
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_aside_that_fails_leaves_no_partial_copy_behind() -> Result<(), VolumeError> {
+        let tmp = temp_with_wal(5, 6)?;
+        // The copy cannot be made: a file stands where its `member/` directory goes.
+        let partial = tmp.path().join("set-aside/.before-recovery-r1.partial");
+        std::fs::create_dir_all(&partial).ok();
+        std::fs::write(partial.join("member"), b"in the way").ok();
+        assert!(copy_aside(tmp.path(), "before-recovery", "r1", 42).is_err());
+        assert!(!partial.exists(), "the failed copy still holds room");
+        assert!(inspect(tmp.path())?.has_data(), "member/ stays in place");
         Ok(())
     }
 

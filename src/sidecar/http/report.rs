@@ -9,8 +9,12 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use crate::facts::WalState;
 use crate::report::PeerReport;
+use crate::sidecar::health::waiting_shown;
 use crate::sidecar::recovery::{Expiring, Inbox};
 use crate::volume;
+
+/// The longest waiting reason the report carries (the whole one is on `/ready`).
+const WAITING_REASON_CHARS: usize = 2000;
 
 pub async fn peer_report(State(s): State<AppState>) -> Response {
     match volume::inspect(&s.data_dir) {
@@ -24,6 +28,22 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
             } else {
                 None
             };
+            let last = crate::volume::journal::read(&s.data_dir).pop();
+            // What init waits for, while etcd does not answer here and init has not acted
+            // since it noted it.
+            let waiting = waiting_shown(
+                volume::marker::waiting(&s.data_dir),
+                s.health.borrow().etcd_running,
+                last.as_ref().map(|e| e.ts),
+            )
+            .map(|mut w| {
+                // Bounded: the report is bootstrap evidence with a size cap (16 KiB).
+                if w.reason.chars().count() > WAITING_REASON_CHARS {
+                    w.reason = w.reason.chars().take(WAITING_REASON_CHARS).collect();
+                    w.reason.push('…');
+                }
+                w
+            });
             let report = PeerReport {
                 name: s.name.to_string(),
                 has_data: state.has_data(),
@@ -35,7 +55,7 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                 recovery_request: s.recovery.current(),
                 restore_request: s.restore.current(),
                 restored_for: state.restored_for,
-                last_decision: crate::volume::journal::read(&s.data_dir).pop().map(|e| {
+                last_decision: last.map(|e| {
                     crate::facts::LastDecision {
                         ts: e.ts,
                         action: e.action,
@@ -44,6 +64,7 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                     }
                 }),
                 vouch: s.vouch.borrow().clone(),
+                waiting,
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
