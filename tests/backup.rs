@@ -46,12 +46,22 @@ impl Release {
     }
 }
 
+/// A port no other listener of this machine holds, below the kernel's ephemeral range
+/// (32768 and up), so neither another test's `bind(0)` nor an outgoing connection's
+/// source port can take it between this check and etcd's own bind. Each test process
+/// starts from its own place in 20000–32000 and never hands out the same port twice.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU32::new((std::process::id() * 97) % SPAN));
+    loop {
+        let port = (LOW + next.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// One etcd member on 127.0.0.1, killed on drop.
@@ -68,6 +78,7 @@ impl Etcd {
         let peer = peer.unwrap_or_else(free_port);
         let peer_url = format!("http://127.0.0.1:{peer}");
         let client_url = format!("http://127.0.0.1:{client}");
+        let log = data.with_extension("etcd.log");
         let child = Command::new(release.etcd())
             .arg(format!("--name={name}"))
             .arg(format!("--data-dir={}", data.display()))
@@ -77,10 +88,10 @@ impl Etcd {
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let etcd = Etcd {
+        let mut etcd = Etcd {
             child,
             client,
             peer,
@@ -92,9 +103,13 @@ impl Etcd {
                     return etcd;
                 }
             }
+            if let Some(exit) = etcd.child.try_wait().unwrap() {
+                panic!("etcd {name} exited ({exit}): {}", tail(&log));
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "etcd {name} did not serve"
+                "etcd {name} did not serve in 30 s: {}",
+                tail(&log)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -155,6 +170,13 @@ impl Etcd {
             })
             .collect()
     }
+}
+
+/// The last lines etcd wrote to `log`, for a failure message.
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
 impl Drop for Etcd {

@@ -44,6 +44,9 @@ const SPAN: Duration = Duration::from_secs(20);
 /// The generation of `Schedule::generate_disaster`: generator 2's faults (fewer, over a
 /// shorter span), then one disaster. Its lines are counted apart in the figure.
 const DISASTER_GENERATOR: u32 = 3;
+/// Generator 3 with a third disaster: every volume lost, the pods started with a backup
+/// key that opens no snapshot, then with the right one. Counted apart in the figure too.
+const KEY_GENERATOR: u32 = 4;
 const DISASTER_FAULTS: usize = 3;
 const DISASTER_SPAN: Duration = Duration::from_secs(8);
 
@@ -51,6 +54,9 @@ const DISASTER_SPAN: Duration = Duration::from_secs(8);
 /// release): every volume lost; a majority lost and `recover --yes`; a majority lost and
 /// the sidecars' own recovery.
 const FIXED_DISASTER_SEEDS: &[u64] = &[2, 12, 13];
+
+/// A generator-4 seed CI replays on etcd 3.5.1: the wrong key first.
+const FIXED_KEY_SEED: u64 = 1;
 
 /// Seeds CI replays, each against one etcd release (every release sees some).
 const FIXED_SEEDS: &[(u64, Etcd)] = &[
@@ -71,6 +77,9 @@ async fn one_schedule(seed: u64, etcd: Etcd) -> (chaos::Outcome, Option<String>)
 fn schedule_of(generator: u32, seed: u64) -> Schedule {
     match generator {
         DISASTER_GENERATOR => Schedule::generate_disaster(seed, 3, DISASTER_FAULTS, DISASTER_SPAN),
+        KEY_GENERATOR => {
+            Schedule::generate_disaster_with_keys(seed, 3, DISASTER_FAULTS, DISASTER_SPAN)
+        }
         _ => Schedule::generate(seed, 3, FAULTS, SPAN),
     }
 }
@@ -231,6 +240,37 @@ async fn fixed_disaster_seeds_lose_no_acknowledged_write() {
     );
 }
 
+/// Every volume lost after an encrypted backup; the pods started with a key that opens no
+/// snapshot wait, each saying why on `/ready`, and form nothing; started with the right key
+/// on the same volumes they come back from the newest backup, with every write it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_seed_with_the_wrong_backup_key_first_waits_then_restores_with_the_right_one() {
+    let (o, failure) = play(schedule_of(KEY_GENERATOR, FIXED_KEY_SEED), Etcd::V3_5).await;
+    if let Some(f) = failure {
+        panic!("{f}");
+    }
+    let d = o.disaster.as_ref().expect("the disaster struck");
+    assert_eq!(d.disaster, harness::disaster::Disaster::WrongKeyThenRight);
+    assert!(
+        d.wrong_key.len() == 3 && d.wrong_key.iter().all(|w| w.said_why && !w.formed),
+        "every pod waited with the wrong key: {:?}",
+        d.wrong_key
+    );
+    assert!(
+        d.must_hold(&o.writes) > 0 && o.writes.acked > d.acked_before,
+        "writes the backup held had to come back, and writes went on after: {}",
+        o.tsv_line()
+    );
+    eprintln!(
+        "seed {FIXED_KEY_SEED} ({}): {}; {} writes before it, {} had to survive; backups {:?}",
+        d.disaster,
+        o.tsv_line(),
+        d.acked_before,
+        d.must_hold(&o.writes),
+        d.backups
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "open-ended: CHAOS_SCHEDULES=N (or CHAOS_SEEDS=a,b,…) appends to chaos-results.tsv"]
 async fn open_ended_schedules_append_to_the_results_file() {
@@ -254,8 +294,8 @@ async fn open_ended_schedules_append_to_the_results_file() {
         .and_then(|g| g.parse().ok())
         .unwrap_or(GENERATOR);
     assert!(
-        generator == GENERATOR || generator == DISASTER_GENERATOR,
-        "CHAOS_GENERATOR must be {GENERATOR} or {DISASTER_GENERATOR}"
+        [GENERATOR, DISASTER_GENERATOR, KEY_GENERATOR].contains(&generator),
+        "CHAOS_GENERATOR must be {GENERATOR}, {DISASTER_GENERATOR} or {KEY_GENERATOR}"
     );
     let releases = [Etcd::V3_5Current, Etcd::V3_4, Etcd::V3_5];
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/chaos-results.tsv");

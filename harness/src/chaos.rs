@@ -241,6 +241,20 @@ impl Schedule {
         s
     }
 
+    /// Generator 4: generator 3 with a third disaster to draw, a backup key that opens no
+    /// snapshot before the right one ([`Disaster::draw_with_keys`]).
+    pub fn generate_disaster_with_keys(
+        seed: u64,
+        pods: u32,
+        faults: usize,
+        span: Duration,
+    ) -> Schedule {
+        let mut s = Schedule::generate(seed, pods, faults, span);
+        let mut rng = Rng::new(seed ^ 0xD15A_57E2_0000_0004);
+        s.disaster = Some(Disaster::draw_with_keys(&mut rng, pods));
+        s
+    }
+
     /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
     /// size-limited: [`Set::limit_volumes`]).
     pub fn fills_disks(&self) -> bool {
@@ -471,10 +485,10 @@ impl Outcome {
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
         }
-        let before_restore = self.disaster.as_ref().and_then(|d| match d.disaster {
-            Disaster::LoseEveryVolume => d.cluster_before,
-            Disaster::LoseMajority { .. } => None,
-        });
+        let before_restore = self
+            .disaster
+            .as_ref()
+            .and_then(|d| d.disaster.restores().then_some(d.cluster_before).flatten());
         for b in &self.backups {
             // Before a restore, the backups were of the cluster that was lost.
             let ours = b
@@ -843,7 +857,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut missing = Vec::new();
     let mut clusters = BTreeSet::new();
     // A restore gives the cluster a new identity: one cluster ID afterwards.
-    if !matches!(schedule.disaster, Some(Disaster::LoseEveryVolume)) {
+    if !schedule.disaster.as_ref().is_some_and(Disaster::restores) {
         clusters.extend(cluster_before);
     }
     let mut reused_ids = Vec::new();
@@ -865,12 +879,14 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let disaster = match struck {
         Some(mut struck) => {
             backups.extend(struck.backup.take());
+            let held = struck.held;
             let seen = crate::disaster::observe(set, struck, &writes).await;
             // Writes lost with the volumes, or never lost, said per pod.
             missing = seen.missing(&writes);
             // From the kill until every pod is back, writes are refused: the recovery
-            // bound is what the disaster explains.
-            explained_outage = explained_outage.max(RECOVERY_BOUND);
+            // bound is what the disaster explains, and the time the pods had the wrong
+            // key on purpose.
+            explained_outage = explained_outage.max(RECOVERY_BOUND + held);
             Some(seen)
         }
         None => None,

@@ -2,7 +2,10 @@
 //! volume lost (the cluster must come back from its newest usable backup), or a majority of
 //! volumes lost for good with every pod down (recovered from the survivor by
 //! `etcd-steward recover --yes` or by the sidecars' `--auto-recover-after`) — and the
-//! checker of what it left ([`DisasterSeen::violations`]).
+//! checker of what it left ([`DisasterSeen::violations`]). Generator 4 draws from the same
+//! two and a third: every volume lost, the pods started with a backup key that opens no
+//! snapshot (they must wait, forming nothing), then with the right key on the same volumes
+//! (they must come back from the newest backup).
 
 use std::fmt;
 use std::path::Path;
@@ -31,6 +34,10 @@ pub enum Disaster {
         /// Where `recover --yes` runs (an emptied pod); `None`: the sidecars recover.
         recover_in: Option<u32>,
     },
+    /// As [`Disaster::LoseEveryVolume`], with encrypted backups; the pods first started
+    /// with a key that opens none of them (every pod must wait, saying so, and form
+    /// nothing), then killed and started with the right key on the same volumes.
+    WrongKeyThenRight,
 }
 
 /// `--auto-recover-after` of the schedules whose sidecars recover by themselves.
@@ -57,10 +64,27 @@ impl Disaster {
         Disaster::LoseMajority { kept, recover_in }
     }
 
+    /// Generator 4's draw: [`Disaster::draw`]'s two, or (one in three)
+    /// [`Disaster::WrongKeyThenRight`].
+    pub fn draw_with_keys(rng: &mut Rng, pods: u32) -> Disaster {
+        match rng.below(3) {
+            0 => Disaster::WrongKeyThenRight,
+            _ => Disaster::draw(rng, pods),
+        }
+    }
+
+    /// Whether the cluster must come back from a backup (every volume lost).
+    pub fn restores(&self) -> bool {
+        matches!(
+            self,
+            Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight
+        )
+    }
+
     /// Which pods lose their volume.
     pub fn wiped(&self, pods: u32) -> Vec<u32> {
         match self {
-            Disaster::LoseEveryVolume => (0..pods).collect(),
+            Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => (0..pods).collect(),
             Disaster::LoseMajority { kept, .. } => (0..pods).filter(|o| o != kept).collect(),
         }
     }
@@ -72,6 +96,10 @@ impl fmt::Display for Disaster {
             Disaster::LoseEveryVolume => {
                 write!(f, "after a verified backup, lose every pod's volume")
             }
+            Disaster::WrongKeyThenRight => write!(
+                f,
+                "after a verified encrypted backup, lose every pod's volume; start the pods with a key that opens no backup, then with the right one"
+            ),
             Disaster::LoseMajority {
                 kept,
                 recover_in: Some(r),
@@ -149,6 +177,18 @@ pub struct DisasterSeen {
     pub hashes: Vec<Option<u32>>,
     /// The common revision the hashes were taken at.
     pub hash_revision: i64,
+    /// [`Disaster::WrongKeyThenRight`]: how each pod stood while it had the wrong key.
+    pub wrong_key: Vec<WrongKeySeen>,
+}
+
+/// How a pod stood while its backup key opened no snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrongKeySeen {
+    /// Its `/ready` said init waits because the configured key does not open the backup.
+    pub said_why: bool,
+    /// Its volume held an etcd member (`member/wal`) with the wrong key: it formed
+    /// something other than the backup.
+    pub formed: bool,
 }
 
 impl DisasterSeen {
@@ -158,7 +198,7 @@ impl DisasterSeen {
     pub fn must_hold(&self, writes: &WriterReport) -> u64 {
         match self.disaster {
             Disaster::LoseMajority { .. } => self.acked_before,
-            Disaster::LoseEveryVolume => {
+            Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => {
                 let newest = self.backups.last().map_or(0, |b| b.revision);
                 held_at(writes, self.acked_before, newest)
             }
@@ -182,6 +222,24 @@ impl DisasterSeen {
         let mut v = Vec::new();
         match &self.disaster {
             Disaster::LoseEveryVolume => self.restore_violations(writes, &mut v),
+            Disaster::WrongKeyThenRight => {
+                for (o, w) in self.wrong_key.iter().enumerate() {
+                    if w.formed {
+                        v.push(format!(
+                            "pod {o} formed a member with a backup key that opens no snapshot, instead of waiting"
+                        ));
+                    }
+                    if !w.said_why {
+                        v.push(format!(
+                            "pod {o}'s /ready never said it waits because the configured key does not open the backup"
+                        ));
+                    }
+                }
+                if self.wrong_key.is_empty() {
+                    v.push("the pods were never seen with the wrong key".into());
+                }
+                self.restore_violations(writes, &mut v);
+            }
             Disaster::LoseMajority { kept, .. } => {
                 match self.recoveries {
                     Some(1) => {}
@@ -305,6 +363,9 @@ pub fn options(set: &Set, disaster: &Disaster) -> Vec<String> {
         "--backup-interval=1h".into(),
         "--restore=latest".into(),
     ];
+    if *disaster == Disaster::WrongKeyThenRight {
+        args.push(key_option(&keys(set).right));
+    }
     if matches!(
         disaster,
         Disaster::LoseMajority {
@@ -315,6 +376,46 @@ pub fn options(set: &Set, disaster: &Disaster) -> Vec<String> {
         args.push(AUTO_RECOVER_AFTER.into());
     }
     args
+}
+
+/// The two backup keys of a [`Disaster::WrongKeyThenRight`] schedule.
+pub struct Keys {
+    /// The key the backups are encrypted to.
+    pub right: std::path::PathBuf,
+    /// A key that opens none of them.
+    pub wrong: std::path::PathBuf,
+}
+
+/// The set's two backup keys, made once by `etcd-steward backup --generate-key`.
+pub fn keys(set: &Set) -> Keys {
+    let dir = set.root().join("keys");
+    let keys = Keys {
+        right: dir.join("right.txt"),
+        wrong: dir.join("wrong.txt"),
+    };
+    for path in [&keys.right, &keys.wrong] {
+        if path.exists() {
+            continue;
+        }
+        let out = std::process::Command::new(set.steward_bin())
+            .args(["backup", "--generate-key"])
+            .output();
+        match out {
+            Ok(out) if out.status.success() && !out.stdout.is_empty() => {
+                let written =
+                    std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(path, out.stdout));
+                if let Err(e) = written {
+                    panic!("chaos: writing the backup key {}: {e}", path.display());
+                }
+            }
+            other => panic!("chaos: `etcd-steward backup --generate-key` failed: {other:?}"),
+        }
+    }
+    keys
+}
+
+fn key_option(path: &Path) -> String {
+    format!("--backup-encryption-key-file={}", path.display())
 }
 
 /// The set's `file://` backup store.
@@ -337,6 +438,11 @@ pub struct Struck {
     pub backup: Option<BackupTaken>,
     /// The member IDs of the volumes lost.
     pub lost_ids: Vec<u64>,
+    /// [`Disaster::WrongKeyThenRight`]: how each pod stood with the wrong key.
+    pub wrong_key: Vec<WrongKeySeen>,
+    /// How long the pods ran with the wrong key (writes are refused meanwhile, on
+    /// purpose: the outage it explains).
+    pub held: Duration,
 }
 
 /// How long the set may take to settle before the disaster, and the survivor to serve the
@@ -370,7 +476,7 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
     }
     let mut backup = None;
     let acked_before = match disaster {
-        Disaster::LoseEveryVolume => {
+        Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => {
             // The runner's backup, while the writer goes on: writes after it are lost
             // with the volumes (what a backup cannot hold).
             let taken = backup_now(set, 0).await;
@@ -416,7 +522,7 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
         }
     };
     let backups = match disaster {
-        Disaster::LoseEveryVolume => {
+        Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => {
             let url = store_url(set);
             stored_backups(Path::new(url.trim_start_matches("file://")))
         }
@@ -427,6 +533,10 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
             panic!("chaos: pod {o}'s volume could not be emptied: {e}");
         }
     }
+    let (wrong_key, held) = match disaster {
+        Disaster::WrongKeyThenRight => with_the_wrong_key(set).await,
+        _ => (Vec::new(), Duration::ZERO),
+    };
     for o in &pods {
         let _ = set.start(*o);
     }
@@ -469,7 +579,58 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
         cluster_before,
         backup,
         lost_ids,
+        wrong_key,
+        held,
     }
+}
+
+/// How long the pods have, with the wrong key, to say that they wait and why.
+const WRONG_KEY_WAIT: Duration = Duration::from_secs(45);
+
+/// Starts every pod (their volumes emptied) with a key that opens no backup; waits until
+/// each one's `/ready` says why it waits (bounded), notes whether any formed a member, and
+/// kills them again with the right key back in their options. Returns how each pod stood,
+/// and how long this took.
+async fn with_the_wrong_key(set: &mut Set) -> (Vec<WrongKeySeen>, Duration) {
+    let started = tokio::time::Instant::now();
+    let keys = keys(set);
+    let (right, wrong) = (key_option(&keys.right), key_option(&keys.wrong));
+    let swap = |set: &mut Set, from: &str, to: &str| {
+        for a in &mut set.extra_args {
+            if a == from {
+                *a = to.to_string();
+            }
+        }
+    };
+    swap(set, &right, &wrong);
+    let pods: Vec<u32> = (0..set.replicas).collect();
+    for o in &pods {
+        let _ = set.start(*o);
+    }
+    let says_why = |body: &str| body.contains("init is waiting") && body.contains("do not open");
+    let mut said = vec![false; pods.len()];
+    while tokio::time::Instant::now() < started + WRONG_KEY_WAIT && said.contains(&false) {
+        for o in &pods {
+            if let Some((503, body)) = set.http(*o, "/ready").await {
+                said[*o as usize] |= says_why(&body);
+            }
+        }
+        let _ = set.restart_exited();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let seen: Vec<WrongKeySeen> = pods
+        .iter()
+        .map(|o| WrongKeySeen {
+            said_why: said[*o as usize],
+            formed: set.data_dir(*o).join("member/wal").exists(),
+        })
+        .collect();
+    eprintln!("chaos: with the wrong key: {seen:?}; now the right key");
+    for o in &pods {
+        let _ = set.kill(*o).await;
+    }
+    swap(set, &wrong, &right);
+    (seen, started.elapsed())
 }
 
 /// `etcd-steward backup` through pod `o` into the set's store, retried twice.
@@ -509,7 +670,7 @@ pub async fn observe(set: &Set, struck: Struck, writes: &WriterReport) -> Disast
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
-        Disaster::LoseEveryVolume => None,
+        Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => None,
     };
     let (hash_revision, hashes) = hashes(set, &pods).await;
     DisasterSeen {
@@ -523,6 +684,7 @@ pub async fn observe(set: &Set, struck: Struck, writes: &WriterReport) -> Disast
         recoveries,
         hashes,
         hash_revision,
+        wrong_key: struck.wrong_key,
     }
 }
 
@@ -616,6 +778,7 @@ mod tests {
             recoveries: None,
             hashes: vec![Some(7); 3],
             hash_revision: 20,
+            wrong_key: vec![],
         }
     }
 
@@ -682,6 +845,7 @@ mod tests {
             recoveries: Some(1),
             hashes: vec![Some(7); 3],
             hash_revision: 30,
+            wrong_key: vec![],
         };
         assert!(seen.violations(&w).is_empty(), "{:?}", seen.violations(&w));
         assert_eq!(seen.missing(&w), vec![Some(0); 3]);
@@ -697,6 +861,53 @@ mod tests {
         twice.recoveries = Some(2);
         let v = twice.violations(&w);
         assert!(v.len() == 1 && v[0].contains("2 recoveries"), "{v:?}");
+    }
+
+    #[test]
+    fn a_pod_that_formed_or_never_said_why_with_the_wrong_key_is_a_violation() {
+        let w = writes(vec![2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 10, 11]);
+        let waited = WrongKeySeen {
+            said_why: true,
+            formed: false,
+        };
+        let seen = DisasterSeen {
+            disaster: Disaster::WrongKeyThenRight,
+            wrong_key: vec![waited; 3],
+            ..restored(8, 2)
+        };
+        assert!(seen.violations(&w).is_empty(), "{:?}", seen.violations(&w));
+        let mut formed = seen.clone();
+        formed.wrong_key[1].formed = true;
+        let v = formed.violations(&w);
+        assert!(v.len() == 1 && v[0].contains("pod 1 formed"), "{v:?}");
+        let mut silent = seen.clone();
+        silent.wrong_key[2].said_why = false;
+        let v = silent.violations(&w);
+        assert!(v.len() == 1 && v[0].contains("pod 2's /ready"), "{v:?}");
+        let never = DisasterSeen {
+            wrong_key: vec![],
+            ..seen.clone()
+        };
+        assert!(never.violations(&w)[0].contains("never seen with the wrong key"));
+        // After the right key, the restore is checked as after any lost volumes.
+        let older = DisasterSeen {
+            held_before: vec![Some(4); 3],
+            ..seen
+        };
+        assert!(older.violations(&w)[0].contains("older backup"));
+    }
+
+    #[test]
+    fn the_draw_with_keys_covers_all_three_disasters() {
+        let mut rng = Rng::new(5);
+        let drawn: Vec<Disaster> = (0..64)
+            .map(|_| Disaster::draw_with_keys(&mut rng, 3))
+            .collect();
+        assert!(drawn.contains(&Disaster::WrongKeyThenRight));
+        assert!(drawn.contains(&Disaster::LoseEveryVolume));
+        assert!(drawn
+            .iter()
+            .any(|d| matches!(d, Disaster::LoseMajority { .. })));
     }
 
     #[test]
