@@ -219,6 +219,9 @@ pub struct DataDirState {
     /// Snapshots this pod downloaded for a restore and could not use, with what was
     /// wanting (`member/steward/rejected-snapshots.json`).
     pub rejected_snapshots: Vec<Rejection>,
+    /// Markers that exist but could not be read or parsed (the leave marker, the restore
+    /// marker), each naming its file and the error: `init` waits, saying which.
+    pub unreadable_markers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -242,6 +245,7 @@ impl DataDirState {
             formation: None,
             notes: vec![],
             rejected_snapshots: vec![],
+            unreadable_markers: vec![],
         }
     }
 

@@ -104,8 +104,12 @@ where
         .connect(&id.host(id.ordinal), cfg.local_ip(), id.client_port)
         .await?;
     let status = me.status().await?;
-    if let Some(m) = marker::left(&cfg.data_dir) {
-        let (_, members) = me.members().await.unwrap_or_default();
+    let recorded = marker::left(&cfg.data_dir)
+        .map_err(|e| anyhow::anyhow!("the leave marker {e}; nothing was done"))?;
+    if let Some(m) = recorded {
+        // A leave recorded earlier: done only if the cluster says the member is gone. A
+        // member list that fails is no such answer: the error, never "left".
+        let (_, members) = me.members().await?;
         if m.member_id == status.member_id && !members.iter().any(|x| x.id == m.member_id) {
             println!(
                 "{}",
@@ -250,6 +254,96 @@ pub fn rejoin(cfg: &Config) -> anyhow::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake::{FakeCluster, FakeDns, Op, Times};
+
+    /// The configuration of pod `etcd-0` of a 3-pod set, on `data_dir`.
+    fn config(data_dir: &std::path::Path) -> Config {
+        use clap::Parser;
+        let dir = format!("--data-dir={}", data_dir.display());
+        let argv = [
+            "etcd-steward",
+            "leave",
+            "--name=etcd-0",
+            "--replicas=3",
+            &dir,
+        ];
+        match crate::config::Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(crate::config::Command::Leave(args)) => {
+                args.common.validate().unwrap_or_else(|e| panic!("{e}"))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A leave recorded earlier whose removal did not happen (the member is still
+    /// listed), run again while the member list fails (no leader): the command fails; it
+    /// never reads the failure as an empty list and says "left".
+    #[tokio::test]
+    async fn a_rerun_whose_member_list_fails_is_an_error_not_left() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let cfg = config(dir.path());
+        let cluster = FakeCluster::new(0xc1);
+        for o in 0..3u64 {
+            let host = cfg.identity.host(o as u32);
+            cluster.add_member(
+                0xa0 + o,
+                &format!("etcd-{o}"),
+                &format!("http://{host}:2380"),
+                &format!("http://{host}:2379"),
+                false,
+            );
+        }
+        cluster.set_leader(0xa1);
+        let left = crate::facts::LeftMarker {
+            ts: 1,
+            member_id: 0xa0,
+        };
+        marker::write_left(&cfg.data_dir, &left).unwrap_or_else(|e| panic!("{e}"));
+        cluster.fail_everywhere(
+            Op::Members,
+            crate::etcd::EtcdError::TimedOut {
+                endpoint: "any".into(),
+                detail: "no leader".into(),
+            },
+            Times::Always,
+        );
+        let result = leave(cfg, true, false, FakeDns::default(), cluster.clone()).await;
+        assert!(
+            result
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("no leader")),
+            "{:?}",
+            result.map(|_| "a result")
+        );
+        assert_eq!(cluster.members().len(), 3, "nothing was removed");
+    }
+
+    /// A leave marker that cannot be parsed stops the command, naming the file.
+    #[tokio::test]
+    async fn an_unreadable_leave_marker_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let cfg = config(dir.path());
+        let cluster = FakeCluster::new(0xc1);
+        let host = cfg.identity.host(0);
+        cluster.add_member(
+            0xa0,
+            "etcd-0",
+            &format!("http://{host}:2380"),
+            &format!("http://{host}:2379"),
+            false,
+        );
+        std::fs::write(dir.path().join("steward-left.json"), b"{trunc")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let result = leave(cfg, true, false, FakeDns::default(), cluster.clone()).await;
+        assert!(
+            result
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("steward-left.json")),
+            "{:?}",
+            result.map(|_| "a result")
+        );
+        assert_eq!(cluster.members().len(), 1, "nothing was removed");
+    }
 
     fn counts(voters: usize, healthy_others: usize) -> Counts {
         Counts {

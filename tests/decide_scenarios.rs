@@ -53,6 +53,7 @@ fn empty_dir() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
+        unreadable_markers: vec![],
         ..Default::default()
     }
 }
@@ -66,6 +67,7 @@ fn wal_of(member_id: u64, cluster_id: u64) -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
+        unreadable_markers: vec![],
         ..Default::default()
     }
 }
@@ -78,6 +80,7 @@ fn unreadable_wal() -> DataDirState {
         formation: None,
         notes: vec![],
         rejected_snapshots: vec![],
+        unreadable_markers: vec![],
         ..Default::default()
     }
 }
@@ -501,6 +504,34 @@ fn a_pod_that_left_never_joins_until_rejoin() {
     assert_waits(&decide(&f), &["etcd-steward rejoin"]);
     f.data.left = None;
     assert!(matches!(decide(&f).action, Action::Join { .. }));
+}
+
+/// A leave or restore marker that cannot be read: whether the pod left, or its volume was
+/// already set aside for a restore, is unknown. An empty volume does not join, a volume with
+/// data is neither started nor set aside: init waits, naming the file.
+#[test]
+fn an_unreadable_leave_or_restore_marker_makes_init_wait_naming_it() {
+    let unreadable = vec!["leave marker /data/steward-left.json: EOF while parsing".to_string()];
+    let mut f = Facts {
+        cluster: healthy_without_us(),
+        ..facts()
+    };
+    f.data.unreadable_markers = unreadable.clone();
+    assert_waits(&decide(&f), &["steward-left.json", "the data is kept"]);
+    let mut f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        ..facts()
+    };
+    f.cluster = healthy(vec![started_voter(0xb2, 0), started_voter(0xc3, 2)]);
+    f.data.unreadable_markers =
+        vec!["restore marker /data/member/steward/restored-for.json: Permission denied".into()];
+    assert_waits(&decide(&f), &["restored-for.json", "nothing is done"]);
+    f.data.unreadable_markers = vec![];
+    assert_ne!(
+        decide(&f).action,
+        Action::Wait,
+        "readable markers decide as before"
+    );
 }
 
 fn restore_request() -> RestoreRequest {
@@ -1863,6 +1894,7 @@ mod invariants {
             formation,
             notes: vec![],
             rejected_snapshots: vec![],
+            unreadable_markers: vec![],
             ..Default::default()
         })
     }

@@ -285,6 +285,11 @@ pub enum Why {
         listed: bool,
     },
     Left,
+    /// A leave or restore marker exists but cannot be read: what it says is unknown, so
+    /// nothing is decided on the volume until someone looks.
+    MarkerUnreadable {
+        markers: Vec<String>,
+    },
     // This pod's own name does not resolve: whatever was decided waits.
     OwnNameNotPublished {
         host: String,
@@ -372,6 +377,7 @@ impl std::fmt::Display for Why {
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
+            Why::MarkerUnreadable { markers } => write!(f, "{} cannot be read, so whether this pod left the cluster or was already set aside for a restore is unknown: nothing is done on this volume until the file is repaired or moved away (the data is kept)", markers.join("; ")),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
             Why::VersionHeld { hold, then } => write!(f, "{hold} (decided: {}, {})", then.action.name(), then.why),
@@ -495,6 +501,11 @@ fn token_includes(token: &str, ordinal: u32, nonce: &str) -> bool {
 
 /// Decides how this member must start.
 pub fn decide(f: &Facts) -> Decision {
+    if !f.data.unreadable_markers.is_empty() {
+        return wait(Why::MarkerUnreadable {
+            markers: f.data.unreadable_markers.clone(),
+        });
+    }
     if let Some(l) = &f.data.left {
         return after_leave(f, l.member_id);
     }

@@ -106,11 +106,19 @@ impl RecoveryDuty {
     /// Stops etcd when this pod is the survivor of a held request that `init` has not
     /// acted on; returns what `/ready` says meanwhile.
     fn tick(&mut self) -> Option<String> {
-        if let Some(l) = crate::volume::marker::left(&self.data_dir) {
-            return Some(format!(
-                "this pod left the cluster (etcd-steward leave, member {:x}): it stays out until etcd-steward rejoin",
-                l.member_id
-            ));
+        match crate::volume::marker::left(&self.data_dir) {
+            Ok(Some(l)) => {
+                return Some(format!(
+                    "this pod left the cluster (etcd-steward leave, member {:x}): it stays out until etcd-steward rejoin",
+                    l.member_id
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Some(format!(
+                    "the leave marker {e}: whether this pod left is unknown; init waits until it is repaired or moved away"
+                ))
+            }
         }
         if let Some(r) = self.restore.current() {
             return Some(self.restore_tick(&r));

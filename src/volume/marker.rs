@@ -61,10 +61,23 @@ fn restored_path(dir: &Path) -> PathBuf {
 }
 
 /// The restore request this volume was set aside for (`member/steward/restored-for.json`).
-pub fn restored_for(dir: &Path) -> Option<String> {
-    std::fs::read(restored_path(dir))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+/// The restore request this volume was set aside for; an error names the marker that
+/// could not be read or parsed (never read as "no marker": that would set the volume aside
+/// for the same request again).
+pub fn restored_for(dir: &Path) -> Result<Option<String>, String> {
+    read_marker(&restored_path(dir))
+}
+
+/// A JSON marker at `path`: `None` when there is none; an error, naming the file, when it
+/// cannot be read or parsed.
+fn read_marker<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 /// Records that this volume was set aside for restore request `id`: it is not set aside
@@ -79,10 +92,10 @@ fn left_path(dir: &Path) -> PathBuf {
 }
 
 /// The leave marker (`<data-dir>/steward-left.json`), if this pod left the cluster.
-pub fn left(dir: &Path) -> Option<LeftMarker> {
-    std::fs::read(left_path(dir))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+/// The leave marker; an error names the marker that could not be read or parsed (never
+/// read as "no marker": that would let a pod that left rejoin).
+pub fn left(dir: &Path) -> Result<Option<LeftMarker>, String> {
+    read_marker(&left_path(dir))
 }
 
 /// Records that this pod leaves the cluster: it does not rejoin until `rejoin`.

@@ -78,15 +78,25 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         notes.push(format!("recovery marker unreadable, ignored: {e}"));
         None
     });
+    let mut unreadable_markers = Vec::new();
+    let restored_for = marker::restored_for(dir).unwrap_or_else(|e| {
+        unreadable_markers.push(format!("restore marker {e}"));
+        None
+    });
+    let left = marker::left(dir).unwrap_or_else(|e| {
+        unreadable_markers.push(format!("leave marker {e}"));
+        None
+    });
     Ok(DataDirState {
         wal,
         tail: None,
         recovery,
-        restored_for: marker::restored_for(dir),
-        left: marker::left(dir),
+        restored_for,
+        left,
         formation,
         notes,
         rejected_snapshots: marker::rejected_snapshots(dir),
+        unreadable_markers,
     })
 }
 
@@ -294,6 +304,45 @@ pub(crate) mod tests {
         )
         .ok();
         Ok(tmp)
+    }
+
+    #[test]
+    fn unreadable_leave_and_restore_markers_are_named_never_read_as_absent(
+    ) -> Result<(), VolumeError> {
+        let tmp = temp_with_wal(5, 6)?;
+        let steward = tmp.path().join("member/steward");
+        std::fs::create_dir_all(&steward).ok();
+        std::fs::write(tmp.path().join("steward-left.json"), b"{\"ts\":").ok();
+        std::fs::write(steward.join("restored-for.json"), b"not json").ok();
+        let state = inspect(tmp.path())?;
+        assert_eq!(state.left, None);
+        assert_eq!(state.restored_for, None);
+        assert_eq!(
+            state.unreadable_markers.len(),
+            2,
+            "{:?}",
+            state.unreadable_markers
+        );
+        assert!(state.unreadable_markers[0].starts_with("restore marker "));
+        assert!(state.unreadable_markers[0].contains("restored-for.json"));
+        assert!(state.unreadable_markers[1].starts_with("leave marker "));
+        assert!(state.unreadable_markers[1].contains("steward-left.json"));
+        // Readable markers are read, and nothing is unreadable.
+        std::fs::write(
+            tmp.path().join("steward-left.json"),
+            br#"{"ts":1,"member_id":"a1"}"#,
+        )
+        .ok();
+        std::fs::write(steward.join("restored-for.json"), br#""restore-1""#).ok();
+        let state = inspect(tmp.path())?;
+        assert!(
+            state.unreadable_markers.is_empty(),
+            "{:?}",
+            state.unreadable_markers
+        );
+        assert_eq!(state.restored_for.as_deref(), Some("restore-1"));
+        assert_eq!(state.left.map(|l| l.member_id), Some(0xa1));
+        Ok(())
     }
 
     #[test]
