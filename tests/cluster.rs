@@ -401,9 +401,20 @@ async fn health_during_quorum_loss(etcd: Etcd) {
         "alive without quorum"
     );
     // A member restarted without quorum serves no client requests at all, and is still alive.
+    // Alive because its etcd runs and its peer API answers, not because nothing runs yet.
     set.kill_etcd(0).await;
     set.start_init(0).unwrap();
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    wait_for_or(
+        Duration::from_secs(30),
+        "pod 0's /healthz to say its etcd runs and its peer API answers",
+        || async {
+            set.http(0, "/healthz")
+                .await
+                .is_some_and(|(code, body)| code == 200 && body.contains("its peer API answers"))
+        },
+        || set.dump(),
+    )
+    .await;
     let (code, body) = set.http(0, "/healthz").await.unwrap();
     assert_eq!(code, 200, "{body}");
     assert_eq!(set.http(0, "/ready").await.unwrap().0, 503);

@@ -271,15 +271,24 @@ async fn backups_none_of_which_is_usable_mean_waiting_not_an_empty_cluster(etcd:
         },
     )
     .await;
-    // Still no etcd anywhere, and no data formed.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    for o in 0..3 {
-        assert!(set.init_running(o), "pod {o}'s init still waits");
-        assert!(
-            !set.data_dir(o).join("member/wal").exists(),
-            "pod {o} formed nothing"
-        );
-        assert!(!set.ready(o).await);
+    // Still no etcd anywhere and no data formed, watched for 30 s: longer than init's
+    // retry back-off (5 s at most), so several decisions were taken meanwhile.
+    let watch = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < watch {
+        for o in 0..3 {
+            assert!(
+                set.init_running(o),
+                "pod {o}'s init still waits\n{}",
+                set.dump()
+            );
+            assert!(
+                !set.data_dir(o).join("member/wal").exists(),
+                "pod {o} formed nothing\n{}",
+                set.dump()
+            );
+            assert!(!set.ready(o).await);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     set.shutdown().await;
 }
