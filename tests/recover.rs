@@ -186,6 +186,7 @@ async fn recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent(etcd: E
     lose_volumes(&mut set, &[2]).await;
     set.kill(0).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let survivor_pid = set.etcd_pid(1);
     let out = recover(&set, 1, &["--yes"]).await;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -193,7 +194,10 @@ async fn recover_refuses_while_the_cluster_has_quorum_or_a_pod_is_silent(etcd: E
         err.contains("etcd-0") && err.contains("--force-lost"),
         "{err}"
     );
+    // A request handed over would stop etcd within a sidecar tick: watched for 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(set.init_running(1), "nothing was stopped");
+    assert_eq!(set.etcd_pid(1), survivor_pid, "etcd was not restarted");
 
     // Named lost for good: the plan goes ahead, from pod 1.
     let out = recover(&set, 1, &["--force-lost", "etcd-0"]).await;
