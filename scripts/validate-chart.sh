@@ -3,7 +3,8 @@
 #   1. helm lint (--strict), for the defaults and every feature set in charts/etcd-steward/ci/
 #   2. helm template for the defaults and each feature set; every rendered resource checked
 #      with kubernetes-validate --strict (unknown fields are errors) for each KUBE_VERSIONS;
-#      the custom resources it cannot know (ServiceMonitor, PrometheusRule, Certificate)
+#      the custom resources it cannot know (ServiceMonitor, PodMonitor, PrometheusRule,
+#      Certificate)
 #      checked by structure, and the PrometheusRule's rules by promtool
 #   3. values.schema.json: a typo or a bad value fails the render (tested)
 #   4. no drift: the defaults render the same StatefulSet, services and PodDisruptionBudget as
@@ -16,7 +17,11 @@
 #      dashboard use is one the sidecar or etcd serves
 #   6. promtool check metrics on a real sidecar's /metrics (etcd-steward sidecar on loopback,
 #      no etcd: it still serves /metrics), and the sidecar serves the metrics alerts rely on
-#   7. encrypted backups: both containers name the same key files, each an item of a read-only
+#   7. scripts/chart-checks.py: two releases side by side select only their own pods; a subchart
+#      with global values renders; the NetworkPolicy admits exactly the ports the pods open;
+#      the control token; backup sizing against the overlays; workload identity; the platform
+#      values; NOTES.txt and README commands; RBAC against src/kube_api.rs; alert runbooks
+#   8. encrypted backups: both containers name the same key files, each an item of a read-only
 #      projected Secret volume; the agent loads them as rendered (`backup --list` with generated
 #      keys laid out as the volume lays them out) and refuses a missing one (exit 64)
 #
@@ -123,7 +128,7 @@ EOF
 "$py" - "$out" "${sets[@]}" <<'EOF' || die "splitting the renderings failed"
 import sys, yaml
 out, sets = sys.argv[1], sys.argv[2:]
-custom = {"ServiceMonitor", "PrometheusRule", "Certificate"}
+custom = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate"}
 for s in sets:
     docs = [d for d in yaml.safe_load_all(open(f"{out}/render/{s}.yaml")) if d]
     yaml.safe_dump_all([d for d in docs if d["kind"] not in custom], open(f"{out}/render/{s}.builtin.yaml", "w"))
@@ -290,6 +295,10 @@ expect_kinds = {
     "backups-encrypted": base_kinds,
     "monitoring": sorted(base_kinds + ["ConfigMap", "PrometheusRule", "ServiceMonitor"]),
     "production": base_kinds,
+    "platform": sorted(base_kinds + ["PodMonitor", "PrometheusRule"]),
+    "backups-workload-identity": base_kinds,
+    "backups-gcs": base_kinds,
+    "backups-azure": base_kinds,
 }
 for s in sets:
     if s not in expect_kinds:
@@ -516,6 +525,9 @@ else
     bin=${CARGO_TARGET_DIR:-target}/debug/etcd-steward
 fi
 [[ -x $bin ]] || die "no etcd-steward binary at $bin"
+
+# ---- the platform checks: side by side, subchart, NetworkPolicy, control token, sizing, ... ----
+"$py" scripts/chart-checks.py "$out" "$chart" "$helm" "$kubectl" "$bin" || die "chart checks failed (see above; scripts/chart-checks.py)"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # No etcd and no peers: the sidecar still serves /metrics. A clean environment: POD_* and
 # ETCD_STEWARD_* from the caller's would change what it does.
@@ -605,4 +617,4 @@ for p in problems:
 sys.exit(1 if problems else 0)
 EOF
 
-echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"
+echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; two releases side by side, a subchart, the NetworkPolicy against the pods' ports, the control token, backup sizing, NOTES and RBAC checked; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"
