@@ -25,7 +25,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 What selects this release's pods (the StatefulSet, the Services, the PodDisruptionBudget, the
 anti-affinity and spread, the NetworkPolicy): the chart's name and the release, so a release
 beside another etcd (Bitnami's, or a second one of this chart) never selects its pods.
-Immutable in a StatefulSet: see docs/chart.md, "Upgrading from 0.1".
+Immutable in a StatefulSet: see docs/chart.md, "Upgrading from chart 0.1".
 */}}
 {{- define "etcd-steward.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
