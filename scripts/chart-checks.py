@@ -21,7 +21,8 @@ constraint:
      address, with the TLS flags when TLS is on), never 127.0.0.1
   8. RBAC: the Role grants exactly the API calls src/kube_api.rs makes
   9. alerts: every description points at README.md#alerts and the README's Alerts table has
-     a row for every alert
+     a row for every alert; they select the job the chart's ServiceMonitor and PodMonitor
+     give (or metrics.alertSelector)
 
 Usage: chart-checks.py OUT CHART HELM KUBECTL BIN (validate-chart.sh passes them).
 """
@@ -528,6 +529,28 @@ for r in rules:
         problem(f"alerts: README's Alerts section has no row for {r['alert']}")
     if 'job="etcd"' not in r["expr"]:
         problem(f"alerts: {r['alert']} is not scoped to the job (job=\"etcd\", which the chart replaces)")
+
+# The alerts read the job the chart's monitors give: the ServiceMonitor's is the headless
+# service's name, the PodMonitor sets it to the same; metrics.alertSelector replaces it.
+docs = template("etcd", "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true", ns="prod")
+sts, pod, cs = sts_parts(docs, "monitors")
+pm, pr = one(docs, "PodMonitor", "monitors"), one(docs, "PrometheusRule", "monitors")
+if sts and pm and pr:
+    job = sts["spec"]["serviceName"]
+    names = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
+    if pm["apiVersion"] != "monitoring.coreos.com/v1" or sorted(e["port"] for e in pm["spec"]["podMetricsEndpoints"]) != ["http", "metrics"] \
+            or not {"http", "metrics"} <= names:
+        problem("monitors: the PodMonitor must scrape the pods' ports http (sidecar) and metrics (etcd)")
+    for e in pm["spec"]["podMetricsEndpoints"]:
+        if e.get("relabelings") != [{"targetLabel": "job", "replacement": job}]:
+            problem(f"monitors: the PodMonitor's {e['port']} endpoint does not set job={job} (what the alerts select)")
+    exprs = [r["expr"] for g in pr["spec"]["groups"] for r in g["rules"]]
+    if not all(f'job="{job}", namespace="prod"' in e for e in exprs):
+        problem(f"monitors: the PrometheusRule's alerts do not all select job=\"{job}\", namespace=\"prod\"")
+docs = template("etcd", "--set", "metrics.prometheusRule.enabled=true", "--set", 'metrics.alertSelector=job="etcd-main"')
+pr = one(docs, "PrometheusRule", "alertSelector")
+if pr and not all('job="etcd-main"' in r["expr"] and "namespace=" not in r["expr"] for g in pr["spec"]["groups"] for r in g["rules"]):
+    problem("monitors: metrics.alertSelector does not replace the alerts' selector")
 
 for p in problems:
     print(p, file=sys.stderr)
