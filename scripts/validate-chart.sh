@@ -3,7 +3,8 @@
 #   1. helm lint (--strict), for the defaults and every feature set in charts/etcd-steward/ci/
 #   2. helm template for the defaults and each feature set; every rendered resource checked
 #      with kubernetes-validate --strict (unknown fields are errors) for each KUBE_VERSIONS;
-#      the custom resources it cannot know (ServiceMonitor, PrometheusRule, Certificate)
+#      the custom resources it cannot know (ServiceMonitor, PodMonitor, PrometheusRule,
+#      Certificate)
 #      checked by structure, and the PrometheusRule's rules by promtool
 #   3. values.schema.json: a typo or a bad value fails the render (tested)
 #   4. no drift: the defaults render the same StatefulSet, services and PodDisruptionBudget as
@@ -16,7 +17,11 @@
 #      dashboard use is one the sidecar or etcd serves
 #   6. promtool check metrics on a real sidecar's /metrics (etcd-steward sidecar on loopback,
 #      no etcd: it still serves /metrics), and the sidecar serves the metrics alerts rely on
-#   7. encrypted backups: both containers name the same key files, each an item of a read-only
+#   7. scripts/chart-checks.py: two releases side by side select only their own pods; a subchart
+#      with global values renders; the NetworkPolicy admits exactly the ports the pods open;
+#      the control token; backup sizing against the overlays; workload identity; the platform
+#      values; NOTES.txt and README commands; RBAC against src/kube_api.rs; alert runbooks
+#   8. encrypted backups: both containers name the same key files, each an item of a read-only
 #      projected Secret volume; the agent loads them as rendered (`backup --list` with generated
 #      keys laid out as the volume lays them out) and refuses a missing one (exit 64)
 #
@@ -101,9 +106,13 @@ done <<'EOF'
 --set replicas=0|replicas
 --set recovery.autoRecoverAfter=soon|recovery/autoRecoverAfter
 --set initialReplicas=5|initialReplicas (5) exceeds replicas (3)
---set backups.enabled=true --set backups.url=s3://bucket/prefix|backups.credentialsSecret is required
 --set backups.enabled=true --set backups.url=file:///backups/x|backups.volume.claimName is required
---set backups.enabled=true --set backups.url=gs://bucket|want s3://BUCKET/PREFIX or file:///PATH
+--set backups.enabled=true --set backups.url=ftp://bucket/x|backups/url
+--set backups.enabled=true --set backups.url=gs:/bucket|backups/url
+--set serviceAccount.create=false|serviceAccount.name is required
+--set networkPolicy.clientSelector.matchLabel.app=x|additional properties 'matchLabel' not allowed
+--set probes.liveness.periodSecond=5|additional properties 'periodSecond' not allowed
+--set controlToken.secretKey=a/b|controlToken/secretKey
 --set auth.enabled=true|auth.existingSecret is required
 --set tls.enabled=true --set tls.certManager.enabled=true|tls.certManager.issuerRef.name is required
 --set backups.encryption.existingSecret=k|backups.encryption needs backups.enabled
@@ -119,7 +128,7 @@ EOF
 "$py" - "$out" "${sets[@]}" <<'EOF' || die "splitting the renderings failed"
 import sys, yaml
 out, sets = sys.argv[1], sys.argv[2:]
-custom = {"ServiceMonitor", "PrometheusRule", "Certificate"}
+custom = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate"}
 for s in sets:
     docs = [d for d in yaml.safe_load_all(open(f"{out}/render/{s}.yaml")) if d]
     yaml.safe_dump_all([d for d in docs if d["kind"] not in custom], open(f"{out}/render/{s}.builtin.yaml", "w"))
@@ -171,12 +180,25 @@ def diff(a, b, path, named_lists_as_sets=False):
         return [l for i, (x, y) in enumerate(zip(a, b)) for l in diff(x, y, f"{path}[{i}]", named_lists_as_sets)]
     return [] if a == b else [f"{path}: {a!r} (helm) != {b!r} (kustomize)"]
 
-# -- drift: chart vs kustomize
+# -- drift: chart vs kustomize. Two differences are allowed, exactly: Helm's own labels on the
+# chart's resources (app.kubernetes.io/managed-by: Helm, helm.sh/chart: etcd-steward-VERSION;
+# never in a selector or a pod's labels), and the control token's Secret, which the chart
+# makes and the base leaves to the user (a secretGenerator would need the token's value in
+# the repository).
+chart_version = yaml.safe_load(open(f"{chart}/Chart.yaml"))["version"]
+def without_helm_labels(docs, where):
+    for d in docs:
+        labels = d["metadata"].get("labels", {})
+        got = (labels.pop("app.kubernetes.io/managed-by", None), labels.pop("helm.sh/chart", None))
+        if got != ("Helm", f"etcd-steward-{chart_version}"):
+            problem(f"{where}: {d['kind']}/{d['metadata']['name']} labels managed-by, helm.sh/chart = {got}, want Helm, etcd-steward-{chart_version}")
+    return [d for d in docs if (d["kind"], d["metadata"]["name"]) != ("Secret", "etcd-control-token")]
 for helm_file, kust_file, as_sets in [
         ("render/defaults.yaml", "kustomize/base.yaml", False),
         ("render/as-overlay-tls.yaml", "kustomize/overlays-tls.yaml", True),
         ("render/as-overlay-copy-in.yaml", "kustomize/overlays-copy-in.yaml", True)]:
-    h, k = by_key(load(f"{out}/{helm_file}")), by_key(load(f"{out}/{kust_file}"))
+    h = by_key(without_helm_labels(load(f"{out}/{helm_file}"), helm_file))
+    k = by_key(load(f"{out}/{kust_file}"))
     if sorted(h) != sorted(k):
         problem(f"drift: {helm_file} renders {sorted(h)}, {kust_file} {sorted(k)}")
     for key in sorted(set(h) & set(k)):
@@ -261,7 +283,8 @@ def the(s):
 def kinds(docs):
     return sorted(d["kind"] for d in docs)
 
-base_kinds = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet", "ServiceAccount", "Role", "RoleBinding"])
+base_kinds = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet", "ServiceAccount", "Role", "RoleBinding",
+                     "NetworkPolicy", "Secret"])
 expect_kinds = {
     "defaults": base_kinds,
     "tls-secrets": base_kinds,
@@ -272,6 +295,10 @@ expect_kinds = {
     "backups-encrypted": base_kinds,
     "monitoring": sorted(base_kinds + ["ConfigMap", "PrometheusRule", "ServiceMonitor"]),
     "production": base_kinds,
+    "platform": sorted(base_kinds + ["PodMonitor", "PrometheusRule"]),
+    "backups-workload-identity": base_kinds,
+    "backups-gcs": base_kinds,
+    "backups-azure": base_kinds,
 }
 for s in sets:
     if s not in expect_kinds:
@@ -410,15 +437,16 @@ if sorted(ep["port"] for ep in sm["spec"]["endpoints"]) != ["http", "metrics"] \
         or not {"http", "metrics"} <= {p["name"] for p in headless["spec"]["ports"]}:
     problem("monitoring: ServiceMonitor must scrape the ports http (sidecar) and metrics (etcd) of the headless service")
 source_rules = yaml.safe_load(open(f"{chart}/files/alerts.yaml"))
-for s, seconds in [("monitoring", 1800), ("backups-s3", 3600), ("interval-45m", 2700)]:
+for s, seconds, ns in [("monitoring", 1800, "etcd"), ("backups-s3", 3600, "etcd"), ("interval-45m", 2700, "default")]:
     docs = load(f"{out}/render/{s}.yaml")
     pr = [d for d in docs if d["kind"] == "PrometheusRule"]
     if len(pr) != 1 or pr[0]["apiVersion"] != "monitoring.coreos.com/v1" or set(pr[0]["spec"]) != {"groups"}:
         problem(f"{s}: want one monitoring.coreos.com/v1 PrometheusRule with spec.groups")
         continue
-    want = yaml.safe_load(open(f"{chart}/files/alerts.yaml").read().replace("2 * 1800", f"2 * {seconds}"))
+    want = yaml.safe_load(open(f"{chart}/files/alerts.yaml").read().replace("2 * 1800", f"2 * {seconds}")
+                          .replace('job="etcd"', f'job="etcd", namespace="{ns}"'))
     if pr[0]["spec"] != want:
-        problem(f"{s}: the PrometheusRule is not files/alerts.yaml with the backup age at 2 * {seconds}")
+        problem(f"{s}: the PrometheusRule is not files/alerts.yaml with the backup age at 2 * {seconds} and the selector of namespace {ns}")
     yaml.safe_dump(pr[0]["spec"], open(f"{out}/rules-{s}.yaml", "w"))
 if open(f"{chart}/files/alerts.yaml").read().count("2 * 1800") != 1:
     problem("files/alerts.yaml must hold the backup age marker '2 * 1800' exactly once")
@@ -446,7 +474,8 @@ sidecar = ["etcd_steward_member_role", "etcd_steward_leader_present", "etcd_stew
            "etcd_steward_defrag_last_freed_bytes", "etcd_steward_nospace_alarm",
            "etcd_steward_nospace_disarmed_total"]
 etcd = ["etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes", "etcd_server_quota_backend_bytes",
-        "etcd_server_has_leader", "etcd_server_leader_changes_seen_total"]
+        "etcd_server_has_leader", "etcd_server_leader_changes_seen_total",
+        "etcd_disk_wal_fsync_duration_seconds_bucket", "etcd_disk_backend_commit_duration_seconds_bucket"]
 known = set(sidecar + etcd)
 exprs = [r["expr"] for g in source_rules["groups"] for r in g["rules"]]
 exprs += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
@@ -496,6 +525,9 @@ else
     bin=${CARGO_TARGET_DIR:-target}/debug/etcd-steward
 fi
 [[ -x $bin ]] || die "no etcd-steward binary at $bin"
+
+# ---- the platform checks: side by side, subchart, NetworkPolicy, control token, sizing, ... ----
+"$py" scripts/chart-checks.py "$out" "$chart" "$helm" "$kubectl" "$bin" || die "chart checks failed (see above; scripts/chart-checks.py)"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # No etcd and no peers: the sidecar still serves /metrics. A clean environment: POD_* and
 # ETCD_STEWARD_* from the caller's would change what it does.
@@ -564,17 +596,18 @@ set +e; list_keys; rc=$?; set -e
 [[ $rc -eq 64 ]] && grep -q "etcd-steward-backup-old-keys/backup.key" "$out/backup-list.log" \
     || { cat "$out/backup-list.log" >&2; die "a missing old key file: want exit 64 naming it, got $rc"; }
 
-# scaleIn.enabled=false: no RBAC, no API token, no preStop hook, no --scale-in.
+# scaleIn.enabled=false: no Role, no API token, no preStop hook, no --scale-in (the
+# ServiceAccount stays: workload identity).
 "$helm" template etcd "$chart" --set scaleIn.enabled=false >"$out/render/no-scale-in.yaml"
 "$py" - "$out/render/no-scale-in.yaml" <<'EOF' || die "scaleIn.enabled=false checks failed (see above)"
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 problems = []
 kinds = sorted(d["kind"] for d in docs)
-if kinds != ["PodDisruptionBudget", "Service", "Service", "StatefulSet"]:
+if kinds != ["NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "Service", "ServiceAccount", "StatefulSet"]:
     problems.append(f"scaleIn.enabled=false renders {kinds}")
 pod = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]
-if pod.get("automountServiceAccountToken") is not False or "serviceAccountName" in pod:
+if pod.get("automountServiceAccountToken") is not False:
     problems.append("scaleIn.enabled=false still mounts an API token")
 for c in pod["containers"]:
     if "lifecycle" in c or any(e["name"].startswith("ETCD_STEWARD_SCALE_IN") for e in c.get("env", [])):
@@ -584,4 +617,4 @@ for p in problems:
 sys.exit(1 if problems else 0)
 EOF
 
-echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"
+echo "chart: ${#sets[@]} value sets linted, rendered and valid (strict) against Kubernetes ${KUBE_VERSIONS// /, }; $refused bad values refused; no drift from manifests/base and overlays; two releases side by side, a subchart, the NetworkPolicy against the pods' ports, the control token, backup sizing, NOTES and RBAC checked; $n_alerts alerts unit-tested; sidecar /metrics passes promtool; the agent loads the key files backups-encrypted names"

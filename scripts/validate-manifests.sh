@@ -64,7 +64,7 @@ done
 count=$("$py" - "${rendered[@]}" <<'EOF'
 import sys, yaml
 want = sorted(["PodDisruptionBudget", "Service", "Service", "StatefulSet",
-               "ServiceAccount", "Role", "RoleBinding"])
+               "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"])
 problems, total = [], 0
 for path in sys.argv[1:]:
     docs = [d for d in yaml.safe_load_all(open(path)) if d]

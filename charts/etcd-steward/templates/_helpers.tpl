@@ -10,14 +10,77 @@ release name. With the release named `etcd` this is manifests/base's `etcd`.
 {{- $name -}}
 {{- end -}}
 
-{{/* The labels of manifests/base: helm adds none of its own, so the two render the same. */}}
+{{/*
+Every resource's labels: the selector's, then Helm's own two (never in a selector: they change
+with the chart's version). manifests/base has the selector's only; scripts/chart-checks.py
+compares the two without Helm's.
+*/}}
 {{- define "etcd-steward.labels" -}}
-app.kubernetes.io/name: {{ include "etcd-steward.name" . }}
-app.kubernetes.io/managed-by: etcd-steward
+{{ include "etcd-steward.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{/*
+What selects this release's pods (the StatefulSet, the Services, the PodDisruptionBudget, the
+anti-affinity and spread, the NetworkPolicy): the chart's name and the release, so a release
+beside another etcd (Bitnami's, or a second one of this chart) never selects its pods.
+Immutable in a StatefulSet: see docs/chart.md, "Upgrading from chart 0.1".
+*/}}
 {{- define "etcd-steward.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "etcd-steward.name" . }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The control token's Secret: controlToken.existingSecret, else <name>-control-token. */}}
+{{- define "etcd-steward.controlTokenSecret" -}}
+{{ default (printf "%s-control-token" (include "etcd-steward.name" .)) .Values.controlToken.existingSecret }}
+{{- end -}}
+
+{{/* The ServiceAccount the pods run as (empty: the namespace's default). */}}
+{{- define "etcd-steward.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ default (include "etcd-steward.name" .) .Values.serviceAccount.name }}
+{{- else -}}
+{{ .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+etcd.quotaBackendBytes in MiB, rounded up, and what backups need from it: the drill restores a
+snapshot (one database) into the scratch volume and opens it with a throw-away etcd, so the
+scratch volume holds 2.5 databases and the sidecar's memory limit is the database plus 512 MiB
+(2 GiB: 5120Mi and 2560Mi, as manifests/overlays/backup-*). A JSON object {scratch, memory};
+backups.scratch.sizeLimit and backups.sidecarMemoryLimit, when set, win.
+*/}}
+{{- define "etcd-steward.backupSizing" -}}
+{{- $mib := div (add (int64 .Values.etcd.quotaBackendBytes) 1048575) 1048576 -}}
+{{- $scratch := default (printf "%dMi" (div (mul $mib 5) 2)) .Values.backups.scratch.sizeLimit -}}
+{{- $memory := default (printf "%dMi" (add $mib 512)) .Values.backups.sidecarMemoryLimit -}}
+{{- dict "scratch" $scratch "memory" $memory | toJson -}}
+{{- end -}}
+
+{{/* The sidecar's resources: sidecar.resources, its memory limit sized for backups when on. */}}
+{{- define "etcd-steward.sidecarResources" -}}
+{{- $r := deepCopy .Values.sidecar.resources -}}
+{{- if .Values.backups.enabled -}}
+{{- $limits := default dict $r.limits -}}
+{{- $_ := set $limits "memory" (include "etcd-steward.backupSizing" . | fromJson).memory -}}
+{{- $_ := set $r "limits" $limits -}}
+{{- end -}}
+{{- toYaml $r -}}
+{{- end -}}
+
+{{/* A probe: the endpoint, then the timings of probes.<kind>. */}}
+{{- define "etcd-steward.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: {{ .port }}
+{{- range $k, $v := .timings }}
+{{- if ne $k "enabled" }}
+{{ $k }}: {{ $v }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "etcd-steward.image" -}}
@@ -59,10 +122,8 @@ Configuration checks the schema cannot express; each fails the render with what 
 {{- fail "auth.existingSecret is required: the Secret holding the password of auth.username" -}}
 {{- end -}}
 {{- if .Values.backups.enabled -}}
-{{- if hasPrefix "s3://" .Values.backups.url -}}
-{{- if not .Values.backups.credentialsSecret -}}
-{{- fail "backups.credentialsSecret is required for an s3:// URL (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)" -}}
-{{- end -}}
+{{- if or (hasPrefix "s3://" .Values.backups.url) (hasPrefix "gs://" .Values.backups.url) (hasPrefix "az://" .Values.backups.url) -}}
+{{- /* Object stores: credentials from backups.credentialsSecret, or from the pods' workload identity (serviceAccount.annotations). */ -}}
 {{- else if hasPrefix "file://" .Values.backups.url -}}
 {{- if not .Values.backups.volume.claimName -}}
 {{- fail "backups.volume.claimName is required for a file:// URL: the sidecar's root filesystem is read-only" -}}
@@ -71,8 +132,11 @@ Configuration checks the schema cannot express; each fails the render with what 
 {{- fail (printf "backups.url %q is not under backups.volume.mountPath %q" .Values.backups.url .Values.backups.volume.mountPath) -}}
 {{- end -}}
 {{- else -}}
-{{- fail (printf "backups.url %q: want s3://BUCKET/PREFIX or file:///PATH" .Values.backups.url) -}}
+{{- fail (printf "backups.url %q: want s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///PATH" .Values.backups.url) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) .Values.scaleIn.enabled -}}
+{{- fail "serviceAccount.name is required with serviceAccount.create false and scaleIn.enabled: the Role is bound to it" -}}
 {{- end -}}
 {{- $enc := .Values.backups.encryption -}}
 {{- if and (or $enc.existingSecret $enc.decryptionKeys) (not .Values.backups.enabled) -}}
@@ -137,6 +201,11 @@ auth when on. Both containers must derive the same cluster from it.
 - name: ETCD_STEWARD_PEER_TRUSTED_CA_FILE
   value: /etc/etcd/tls/peer/ca.crt
 {{- end }}
+{{- if .Values.controlToken.enabled }}
+# The shared token control requests (recover, restore) carry between the pods' sidecars.
+- name: ETCD_STEWARD_CONTROL_TOKEN_FILE
+  value: /var/run/etcd-steward/control/token
+{{- end }}
 {{- if .Values.auth.enabled }}
 - name: ETCD_STEWARD_AUTH_USERNAME
   value: {{ .Values.auth.username | quote }}
@@ -147,6 +216,11 @@ auth when on. Both containers must derive the same cluster from it.
 
 {{/* The secret mounts both containers share (after the data volume). */}}
 {{- define "etcd-steward.secretMounts" -}}
+{{- if .Values.controlToken.enabled }}
+- name: control-token
+  mountPath: /var/run/etcd-steward/control
+  readOnly: true
+{{- end }}
 {{- if .Values.tls.enabled }}
 - name: client-tls
   mountPath: /etc/etcd/tls/client
@@ -163,11 +237,7 @@ auth when on. Both containers must derive the same cluster from it.
 {{- end -}}
 
 {{- define "etcd-steward.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
+{{- toYaml .Values.containerSecurityContext -}}
 {{- end -}}
 
 {{/*
@@ -198,7 +268,7 @@ when every volume is lost (ETCD_STEWARD_RESTORE).
   value: {{ .Values.backups.keep | int | quote }}
 - name: ETCD_STEWARD_RESTORE
   value: {{ .Values.backups.restore | quote }}
-{{- if .Values.backups.credentialsSecret }}
+{{- if and .Values.backups.credentialsSecret (hasPrefix "s3://" .Values.backups.url) }}
 {{- range $key := list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_REGION" "AWS_ENDPOINT_URL" }}
 - name: {{ $key }}
   valueFrom:
@@ -257,4 +327,21 @@ encryption key first (write), then the older ones. Each is SECRET/KEY under
               path: {{ .path | quote }}
       {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+gs:// and az:// credentials: every key of backups.credentialsSecret as a variable (GOOGLE_*,
+AZURE_*, as the object store reads them). s3:// names its AWS_* keys one by one (backupEnv).
+*/}}
+{{- define "etcd-steward.backupEnvFrom" -}}
+{{- if and .Values.backups.enabled .Values.backups.credentialsSecret (not (hasPrefix "s3://" .Values.backups.url)) }}
+envFrom:
+  - secretRef:
+      name: {{ .Values.backups.credentialsSecret }}
+{{- end }}
+{{- end -}}
+
+{{/* The ports the pods open, by name: what the NetworkPolicy lets in (chart-checks.py compares). */}}
+{{- define "etcd-steward.ports" -}}
+{{- dict "client" 2379 "peer" 2380 "metrics" (int .Values.etcd.metricsPort) "http" 8080 "peerReport" 8443 | toJson -}}
 {{- end -}}
