@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
+use crate::init::decide::Why;
 use crate::init::observe::{list_backups, HttpReports, Observer};
 use crate::sidecar::http::control::CheckRequests;
 use crate::volume;
@@ -90,6 +91,12 @@ where
         match crate::init::decide::snapshot_choice(&listed, &rejected) {
             Ok(Some(name)) if name == r.snapshot => Ok(()),
             Ok(_) => Err(format!("snapshot {} is not in the store", r.snapshot)),
+            Err(Why::NamedBackupUnusable { name, problem }) => {
+                Err(format!("snapshot {name} {problem}"))
+            }
+            Err(Why::BackupStoreUnreachable { error }) => {
+                Err(format!("the backup store does not answer: {error}"))
+            }
             Err(why) => Err(why.to_string()),
         }
     }
