@@ -250,14 +250,21 @@ pub enum Stop {
 /// process at most once per [`STOP_COOLDOWN`].
 pub struct Stopper {
     data_dir: PathBuf,
+    cooldown: Duration,
     last: Option<Instant>,
     signalled_for: Option<String>,
 }
 
 impl Stopper {
     pub fn new(data_dir: &Path) -> Self {
+        Stopper::with_cooldown(data_dir, STOP_COOLDOWN)
+    }
+
+    /// As [`Stopper::new`], looking for etcd again only after `cooldown`.
+    pub fn with_cooldown(data_dir: &Path, cooldown: Duration) -> Self {
         Stopper {
             data_dir: data_dir.to_path_buf(),
+            cooldown,
             last: None,
             signalled_for: None,
         }
@@ -271,7 +278,7 @@ impl Stopper {
         if self.signalled_for.as_deref() == Some(id) {
             return Stop::Done;
         }
-        if self.last.is_some_and(|t| t.elapsed() < STOP_COOLDOWN) {
+        if self.last.is_some_and(|t| t.elapsed() < self.cooldown) {
             return Stop::CoolingDown;
         }
         self.last = Some(Instant::now());
