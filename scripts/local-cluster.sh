@@ -18,6 +18,8 @@ cargo build --release --locked --quiet
 STEWARD=$PWD/target/release/etcd-steward
 mkdir -p "$DIR"
 echo "nameserver $NET.1" > "$DIR/resolv.conf"
+# The control token the sidecars and the commands share (recover --yes, restore --yes).
+[ -s "$DIR/control-token" ] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/control-token"
 : > "$DIR/hosts"
 for o in $(seq 0 $((REPLICAS - 1))); do
   echo "$NET.$((10 + o)) etcd-$o.etcd.default.svc.cluster.local" >> "$DIR/hosts"
@@ -32,7 +34,8 @@ dnsmasq --keep-in-foreground --no-resolv --no-hosts --bind-interfaces --port=53 
 sleep 0.3
 for o in $(seq 0 $((REPLICAS - 1))); do
   mkdir -p "$DIR/pod-$o"
-  args=(--name "etcd-$o" --replicas "$REPLICAS" --data-dir "$DIR/pod-$o/data" --listen-ip "$NET.$((10 + o))" --dns-server "$NET.1:53")
+  args=(--name "etcd-$o" --replicas "$REPLICAS" --data-dir "$DIR/pod-$o/data" --listen-ip "$NET.$((10 + o))" --dns-server "$NET.1:53"
+    --control-token-file "$DIR/control-token")
   "$STEWARD" sidecar "${args[@]}" 2>> "$DIR/pod-$o/sidecar.log" & pids+=($!)
   unshare --mount --propagation private sh -c 'mount --bind "$0" /etc/resolv.conf && exec "$@"' "$DIR/resolv.conf" \
     "$STEWARD" init "${args[@]}" --etcd-bin "$ETCD" 2>> "$DIR/pod-$o/etcd.log" & pids+=($!)

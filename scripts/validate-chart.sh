@@ -529,6 +529,8 @@ fi
 # ---- the platform checks: side by side, subchart, NetworkPolicy, control token, sizing, ... ----
 "$py" scripts/chart-checks.py "$out" "$chart" "$helm" "$kubectl" "$bin" || die "chart checks failed (see above; scripts/chart-checks.py)"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The sidecar binds its peer-facing port too: another free one, not a fixed 8443.
+report_port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # No etcd and no peers: the sidecar still serves /metrics. A clean environment: POD_* and
 # ETCD_STEWARD_* from the caller's would change what it does.
 # A volume on which init decided once, so the decision counters have a series.
@@ -536,7 +538,7 @@ data=$(pwd)/$out/sidecar-data
 mkdir -p "$data/member/steward"
 echo '{"ts":1,"action":"bootstrap","reason":"validate-chart"}' >"$data/member/steward/decisions.jsonl"
 env -i PATH="$PATH" "$bin" sidecar --replicas 3 --name etcd-0 --listen-ip 127.0.0.1 --http-port "$port" \
-    --data-dir "$data" >"$out/sidecar.log" 2>&1 &
+    --peer-report-port "$report_port" --data-dir "$data" >"$out/sidecar.log" 2>&1 &
 sidecar_pid=$!
 trap 'kill "$sidecar_pid" 2>/dev/null || true' EXIT
 metrics=$out/sidecar-metrics.txt

@@ -139,9 +139,15 @@ pub struct CommonArgs {
     pub peer_key_file: Option<PathBuf>,
     #[arg(long, env = "ETCD_STEWARD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
-    /// With peer TLS, the port the sidecar serves peer reports on (mutual TLS).
+    /// The port the sidecar serves its peer-facing surface on (peer reports and control
+    /// requests): mutual TLS with peer TLS, plain HTTP without.
     #[arg(long, env = "ETCD_STEWARD_PEER_REPORT_PORT", default_value = "8443")]
     pub peer_report_port: String,
+    /// A file holding the shared token control requests (`recover --yes`, `restore --yes`)
+    /// carry as `Authorization: Bearer <token>`; re-read for every request. Without it and
+    /// without peer TLS, the sidecars refuse every control request.
+    #[arg(long, env = "ETCD_STEWARD_CONTROL_TOKEN_FILE")]
+    pub control_token_file: Option<PathBuf>,
     /// etcd user for membership calls when etcd's authentication is enabled (needs root).
     #[arg(long, env = "ETCD_STEWARD_AUTH_USERNAME")]
     pub auth_username: Option<String>,
@@ -226,6 +232,8 @@ pub struct Config {
     pub client_tls: Option<TlsMaterial>,
     pub peer_tls: Option<TlsMaterial>,
     pub peer_report_port: u16,
+    /// `--control-token-file`: the token control requests must carry.
+    pub control_token: Option<crate::control::ControlToken>,
     pub auth: Option<Auth>,
     /// Backups, when `--backup-url` is given.
     pub backup: Option<crate::backup::BackupConfig>,
@@ -440,6 +448,16 @@ impl CommonArgs {
                 None
             }
         };
+        let control_token = match &self.control_token_file {
+            None => None,
+            Some(file) => match crate::control::ControlToken::load(file) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    problems.push(e);
+                    None
+                }
+            },
+        };
         let backup = self.backup.validate(&self.etcd_bin, &mut problems);
         let defrag = self.defrag.validate(&mut problems);
         let (kube, scale_in) = self
@@ -475,6 +493,7 @@ impl CommonArgs {
             client_tls,
             peer_tls,
             peer_report_port,
+            control_token,
             auth,
             backup,
             defrag,

@@ -44,23 +44,30 @@ pub async fn get_with(
     send(addr, host, path, None, timeout, max_body, tls).await
 }
 
-/// POSTs the JSON `body` to `path` (as [`get_with`] GETs).
+/// A POST's JSON body and its `Authorization` header, if any.
+pub struct Post {
+    pub body: Vec<u8>,
+    pub authorization: Option<String>,
+}
+
+/// POSTs the JSON `post.body` to `path` (as [`get_with`] GETs), with its `Authorization`
+/// header when given.
 pub async fn post_json(
     addr: SocketAddr,
     host: &str,
     path: &str,
-    body: Vec<u8>,
+    post: Post,
     timeout: Duration,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<(u16, Vec<u8>), GetError> {
-    send(addr, host, path, Some(body), timeout, 16 * 1024, tls).await
+    send(addr, host, path, Some(post), timeout, 16 * 1024, tls).await
 }
 
 async fn send(
     addr: SocketAddr,
     host: &str,
     path: &str,
-    post: Option<Vec<u8>>,
+    post: Option<Post>,
     timeout: Duration,
     max_body: usize,
     tls: Option<&Arc<rustls::ClientConfig>>,
@@ -121,7 +128,7 @@ async fn exchange<S>(
     addr: SocketAddr,
     host: &str,
     path: &str,
-    post: Option<Vec<u8>>,
+    post: Option<Post>,
     max_body: usize,
 ) -> Result<(u16, Vec<u8>), GetError>
 where
@@ -135,10 +142,15 @@ where
         None => hyper::Request::get(path)
             .header(hyper::header::HOST, host)
             .body(Either::Left(Empty::<Bytes>::new())),
-        Some(body) => hyper::Request::post(path)
-            .header(hyper::header::HOST, host)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Either::Right(Full::new(Bytes::from(body)))),
+        Some(post) => {
+            let mut req = hyper::Request::post(path)
+                .header(hyper::header::HOST, host)
+                .header(hyper::header::CONTENT_TYPE, "application/json");
+            if let Some(a) = post.authorization {
+                req = req.header(hyper::header::AUTHORIZATION, a);
+            }
+            req.body(Either::Right(Full::new(Bytes::from(post.body))))
+        }
     }
     .map_err(|e| GetError::Failed(e.to_string()))?;
     let resp = sender

@@ -9,6 +9,7 @@
 pub mod backup;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod dns;
 pub mod etcd;
 pub mod exec;

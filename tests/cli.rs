@@ -91,6 +91,26 @@ fn configuration_errors_exit_64_naming_the_constraint() {
 }
 
 #[test]
+fn a_missing_or_empty_control_token_file_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("token");
+    std::fs::write(&empty, "\n").unwrap();
+    let missing = format!("--control-token-file={}", dir.path().join("none").display());
+    let empty = format!("--control-token-file={}", empty.display());
+    for (arg, needle) in [(missing, "cannot be read"), (empty, "is empty")] {
+        for role in ["sidecar", "recover"] {
+            let mut args = vec![role, "--name=etcd-0", "--replicas=3", arg.as_str()];
+            args.push("--data-dir=/nonexistent/etcd-steward-test");
+            refused(&args, needle);
+            let out = steward(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("--control-token-file"), "{stderr}");
+            assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+        }
+    }
+}
+
+#[test]
 fn all_problems_are_reported_on_one_line() {
     let out = steward(&[
         "init",

@@ -213,3 +213,84 @@ async fn a_peer_holding_another_clusters_data_means_wait() {
     );
     set.shutdown().await;
 }
+
+/// 127.0.`STEWARD_TEST_NET`.`last`: an address of this run's network no set uses.
+fn own_ip(last: u8) -> IpAddr {
+    let net = std::env::var("STEWARD_TEST_NET")
+        .ok()
+        .and_then(|n| n.parse::<u8>().ok())
+        .filter(|n| (20..=200).contains(n))
+        .unwrap_or(20);
+    IpAddr::from([127, 0, net, last])
+}
+
+/// Serves `body` as `/peer/report` on `ip:port`.
+async fn serve_report(ip: IpAddr, port: u16, body: String) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, port))
+        .await
+        .unwrap();
+    let app = axum::Router::new().route("/peer/report", get(move || async move { body }));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    })
+}
+
+fn reports_config(extra: &[String]) -> etcd_steward::config::Config {
+    use clap::Parser;
+    let dir = std::env::temp_dir();
+    let mut args: Vec<String> = ["etcd-steward", "status", "--name=etcd-0", "--replicas=3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(format!("--data-dir={}", dir.display()));
+    args.extend(extra.iter().cloned());
+    let cli = etcd_steward::config::Cli::try_parse_from(args).unwrap();
+    let etcd_steward::config::Command::Status(a) = cli.command else {
+        panic!("not the status command");
+    };
+    a.common.validate().unwrap()
+}
+
+/// Without peer TLS a pod asks a peer's peer-report port (8443) first, and its probe port
+/// (8080) only when nothing listens on 8443: a pod of the previous release, which serves
+/// its report on 8080 only, is still read during a rolling upgrade. With peer TLS, reports
+/// are only ever read over mutual TLS on 8443.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_are_asked_on_the_peer_report_port_first_and_on_the_probe_port_only_when_nothing_listens_there(
+) {
+    use etcd_steward::init::observe::{HttpReports, PeerReports};
+    let timeout = Duration::from_secs(3);
+    let reports = HttpReports::new(&reports_config(&[]));
+
+    // A pod of this release: its 8443 answers, and 8080 (garbage here) is never asked.
+    let new = own_ip(242);
+    let _a = serve_report(new, 8443, empty_report("etcd-1")).await;
+    let _b = serve_report(new, 8080, "garbage".into()).await;
+    let r = reports.report("etcd-1", "etcd-1", new, timeout).await;
+    assert_eq!(r.map(|r| r.has_data), Ok(false), "read from 8443");
+
+    // A pod of the previous release: nothing on 8443, its report on 8080.
+    let old = own_ip(243);
+    let _c = serve_report(old, 8080, empty_report("etcd-2")).await;
+    let r = reports.report("etcd-2", "etcd-2", old, timeout).await;
+    assert_eq!(
+        r.map(|r| r.name),
+        Ok("etcd-2".to_string()),
+        "read from 8080"
+    );
+
+    // With peer TLS there is no plain fallback: an 8080 report is not evidence.
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(dir.path(), "etcd", "default", "cluster.local").unwrap();
+    let tls_args: Vec<String> = pki
+        .args()
+        .into_iter()
+        .filter(|a| a.starts_with("--peer-"))
+        .collect();
+    let tls_reports = HttpReports::new(&reports_config(&tls_args));
+    let r = tls_reports.report("etcd-2", "etcd-2", old, timeout).await;
+    assert!(
+        r.is_err(),
+        "with peer TLS a plain 8080 report was taken: {r:?}"
+    );
+}

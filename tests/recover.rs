@@ -18,8 +18,13 @@ const FORM: Duration = Duration::from_secs(60);
 const RECOVER: Duration = Duration::from_secs(90);
 
 /// A formed three-pod set holding `n` keys under `k/`, the writes settled on every member.
+/// Its sidecars and commands share a control token file (`--control-token-file`), as the
+/// chart mounts one Secret into both containers.
 async fn formed_with_keys(etcd: Etcd, n: usize) -> Set {
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    formed(Set::new(STEWARD, etcd, 3).await.unwrap(), n).await
+}
+
+async fn formed(mut set: Set, n: usize) -> Set {
     set.start_all(FORM).await.unwrap();
     set.put_keys("k", n).await.unwrap();
     // Followers learn the commit index with the next heartbeat and persist it.
@@ -758,6 +763,61 @@ async fn wait_for_plan(set: &Set, o: u32) -> serde_json::Value {
     )
     .await;
     plan.into_inner().unwrap()
+}
+
+/// With neither peer TLS nor a control token the commands refuse at once, naming the
+/// option that turns control requests on, and no sidecar is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_or_peer_tls_recover_yes_and_restore_yes_say_which_option_turns_them_on() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5, 3).await.unwrap();
+    set.control_token = None;
+    for args in [
+        vec!["recover", "--yes"],
+        vec!["restore", "--snapshot=20260101T000000.000Z-r1", "--yes"],
+    ] {
+        let out = set.steward(0, &args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{args:?}: one line: {stderr}"
+        );
+        assert!(
+            stderr.contains("--control-token-file"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("peer TLS"), "{args:?}: {stderr}");
+    }
+    set.shutdown().await;
+}
+
+/// Peer TLS alone authenticates the commands' requests (mutual TLS, no token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_peer_tls_and_no_token_recover_yes_brings_back_a_lost_majority() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5Tls, 3).await.unwrap();
+    set.control_token = None;
+    let mut set = formed(set, 50).await;
+    let cluster = set.cluster_id(1).await.unwrap();
+    lose_volumes(&mut set, &[0, 2]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let out = recover_yes(&mut set, 2, &[]).await;
+    assert!(
+        out.status.success(),
+        "recover --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    all_ready_voters(&mut set).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.count_keys_on(o, "k/").await.unwrap_or(-1),
+            50,
+            "pod {o}"
+        );
+        assert_eq!(set.cluster_id(o).await.unwrap(), cluster, "pod {o}");
+    }
+    set.shutdown().await;
 }
 
 macro_rules! scenarios {

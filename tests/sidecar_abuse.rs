@@ -151,3 +151,230 @@ async fn sigterm_stops_the_sidecar_cleanly() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// This file's address for a test with a real etcd: 127.0.`STEWARD_TEST_NET`.`last`, apart
+/// from the networks other runs on the machine use.
+fn own_ip(last: u8) -> String {
+    let net = std::env::var("STEWARD_TEST_NET")
+        .ok()
+        .and_then(|n| n.parse::<u8>().ok())
+        .filter(|n| (20..=200).contains(n))
+        .unwrap_or(19);
+    format!("127.0.{net}.{last}")
+}
+
+async fn post(addr: SocketAddr, path: &str, bearer: Option<&str>, body: String) -> (u16, String) {
+    let post = etcd_steward::http_get::Post {
+        body: body.into_bytes(),
+        authorization: bearer.map(|t| format!("Bearer {t}")),
+    };
+    let (status, body) = etcd_steward::http_get::post_json(
+        addr,
+        "etcd-0",
+        path,
+        post,
+        Duration::from_secs(20),
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST {path} to {addr}: {e}"));
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value of the sample `name` (with its labels) in a `/metrics` text.
+fn sample(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{metrics}"))
+}
+
+/// A one-member etcd 3.5.1 on `ip` with its data in `data`, serving.
+async fn start_etcd(ip: &str, data: &std::path::Path) -> Child {
+    let etcd_bin = harness::Etcd::V3_5.bin();
+    let (peer, client) = (format!("http://{ip}:2380"), format!("http://{ip}:2379"));
+    let etcd = Command::new(&etcd_bin)
+        .arg("--name=etcd-0")
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster=etcd-0={peer}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let client_addr: SocketAddr = format!("{ip}:2379").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let health =
+            etcd_steward::http_get::get(client_addr, "x", "/health", Duration::from_secs(1), 4096)
+                .await;
+        if matches!(health, Ok((200, _))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "etcd did not serve: {health:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    etcd
+}
+
+/// The sidecar stops etcd at most once per request ID, however often it is asked: a
+/// restart of etcd afterwards (init deciding to start it again) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_is_stopped_at_most_once_per_request_id() {
+    use etcd_steward::sidecar::recovery::{Stop, Stopper};
+    let ip = own_ip(241);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut etcd = start_etcd(&ip, &data).await;
+    let mut stopper = Stopper::with_cooldown(&data, Duration::ZERO);
+    let pid = etcd.id().unwrap();
+    assert_eq!(stopper.stop("restore-1"), Stop::Signalled(pid as i32));
+    let exited = tokio::time::timeout(Duration::from_secs(10), etcd.wait()).await;
+    assert!(exited.is_ok(), "etcd did not stop on SIGTERM");
+    // init starts etcd again (the request was not founded here, say).
+    let mut again = start_etcd(&ip, &data).await;
+    for _ in 0..5 {
+        assert_eq!(stopper.stop("restore-1"), Stop::Done);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        again.try_wait().unwrap().is_none(),
+        "etcd was stopped a second time for the same request"
+    );
+    let _ = again.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_fresh_control_requests_naming_a_missing_snapshot_stops_no_etcd() {
+    let ip = own_ip(240);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "flood-test-token\n").unwrap();
+    let etcd_bin = harness::Etcd::V3_5.bin();
+    let mut etcd = start_etcd(&ip, &data).await;
+    let etcd_pid = etcd.id().unwrap();
+    let mut sidecar = Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args([
+            "sidecar",
+            "--name=etcd-0",
+            "--replicas=1",
+            "--dns-server=127.0.0.1:9",
+            "--backup-interval=1h",
+        ])
+        .arg(format!("--listen-ip={ip}"))
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--etcd-bin={}", etcd_bin.display()))
+        .arg(format!(
+            "--etcdutl-bin={}",
+            harness::Etcd::V3_5.offline_tool().display()
+        ))
+        .arg(format!("--backup-url=file://{}", store.display()))
+        .arg(format!("--control-token-file={}", token_file.display()))
+        .env("ETCD_STEWARD_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let probe: SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let peer_port: SocketAddr = format!("{ip}:8443").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while healthz(probe).await != Some(200) {
+        assert!(Instant::now() < deadline, "sidecar did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Control requests are not served on the probe port, token or not.
+    let restore = |id: String| {
+        serde_json::json!({"id": id, "snapshot": "20260101T000000.000Z-r1", "expires_unix": etcd_steward::clock::unix_now() + 600}).to_string()
+    };
+    let recovery = |id: String| {
+        serde_json::json!({"id": id, "survivor": "etcd-0", "force_lost": [], "expires_unix": etcd_steward::clock::unix_now() + 600}).to_string()
+    };
+    for path in ["/peer/restore", "/peer/recovery"] {
+        let (status, _) = post(probe, path, Some("flood-test-token"), restore("p".into())).await;
+        assert_eq!(status, 404, "{path} on the probe port");
+    }
+
+    // ~10 s of fresh requests: well-formed, authenticated, naming a snapshot that does not
+    // exist (and a few recoveries this pod's own plan refuses: its cluster has quorum), with
+    // unauthenticated and wrong-token ones between them.
+    let started = Instant::now();
+    let (mut invalid, mut unauthenticated, mut n) = (0u64, 0u64, 0u64);
+    while started.elapsed() < Duration::from_secs(10) {
+        n += 1;
+        let (status, text) = post(
+            peer_port,
+            "/peer/restore",
+            Some("flood-test-token"),
+            restore(format!("flood-{n}")),
+        )
+        .await;
+        assert_eq!(status, 422, "restore request {n}: {text}");
+        invalid += 1;
+        if n % 20 == 0 {
+            let (status, text) = post(
+                peer_port,
+                "/peer/recovery",
+                Some("flood-test-token"),
+                recovery(format!("flood-recovery-{n}")),
+            )
+            .await;
+            assert_eq!(status, 422, "recovery request {n}: {text}");
+            invalid += 1;
+        }
+        let bearer = if n % 2 == 0 {
+            None
+        } else {
+            Some("wrong-token")
+        };
+        let (status, text) = post(
+            peer_port,
+            "/peer/restore",
+            bearer,
+            restore(format!("x-{n}")),
+        )
+        .await;
+        assert_eq!(status, 401, "{text}");
+        unauthenticated += 1;
+    }
+    assert!(n >= 20, "only {n} requests in 10 s");
+    // The loop ticks a few more times with whatever it holds: nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        etcd.try_wait().unwrap().is_none(),
+        "etcd (pid {etcd_pid}) was stopped by a flood of requests naming a missing snapshot"
+    );
+    assert_eq!(etcd.id(), Some(etcd_pid));
+    let (_, metrics) =
+        etcd_steward::http_get::get(probe, "x", "/metrics", Duration::from_secs(2), 1 << 20)
+            .await
+            .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert_eq!(
+        sample(
+            &metrics,
+            "etcd_steward_control_requests_refused_total{reason=\"invalid\"}"
+        ),
+        invalid
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "etcd_steward_control_requests_refused_total{reason=\"unauthenticated\"}"
+        ),
+        unauthenticated
+    );
+    assert!(
+        sidecar.try_wait().unwrap().is_none(),
+        "the sidecar is alive"
+    );
+    let _ = sidecar.kill().await;
+    let _ = etcd.kill().await;
+}

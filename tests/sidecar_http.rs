@@ -15,7 +15,7 @@ use etcd_steward::etcd::MemberStatus;
 use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
 use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
 use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};
-use etcd_steward::sidecar::http::{report_router, router, AppState};
+use etcd_steward::sidecar::http::{peer_router, report_router, router, AppState};
 use etcd_steward::sidecar::observe::Journal;
 use etcd_steward::sidecar::plan::evict::Evict;
 use etcd_steward::sidecar::plan::promote::Promote;
@@ -24,7 +24,7 @@ use etcd_steward::volume::wal::frame;
 use etcd_steward::volume::{journal, marker};
 use prometheus_client::registry::Registry;
 
-/// Without peer TLS the sidecar serves both surfaces on its one plain port.
+/// The probe port without peer TLS: the probes, and (for one release) the peer report.
 fn plain_port(state: AppState) -> axum::Router {
     router(state.clone()).merge(report_router(state))
 }
@@ -941,4 +941,282 @@ async fn the_kubelet_facing_router_does_not_serve_peer_reports() -> TestResult {
         .await?;
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Control requests (POST /peer/recovery, /peer/restore): only on the peer-facing port,
+// authenticated, checked by this pod, one at a time, held at most 15 minutes
+// ---------------------------------------------------------------------------------------
+
+mod control {
+    use super::*;
+    use etcd_steward::control::{ControlAuth, ControlToken};
+    use etcd_steward::facts::{RecoveryRequest, RestoreRequest};
+    use etcd_steward::sidecar::http::control::{CheckRequests, Control, Refused};
+    use futures_util::future::BoxFuture;
+
+    const TOKEN: &str = "0123456789abcdef-control";
+
+    /// This pod's check, scripted: `Ok` or the reason a request is not valid here.
+    struct Scripted(Result<(), String>);
+
+    impl CheckRequests for Scripted {
+        fn recovery<'a>(&'a self, _: &'a RecoveryRequest) -> BoxFuture<'a, Result<(), String>> {
+            let r = self.0.clone();
+            Box::pin(async move { r })
+        }
+        fn restore<'a>(&'a self, _: &'a RestoreRequest) -> BoxFuture<'a, Result<(), String>> {
+            let r = self.0.clone();
+            Box::pin(async move { r })
+        }
+    }
+
+    struct Peer {
+        state: AppState,
+        registry: Arc<Registry>,
+        _dir: tempfile::TempDir,
+    }
+
+    /// A sidecar's state with the token in a file (`auth` from it), checks scripted.
+    fn peer(
+        token: bool,
+        peer_tls: bool,
+        check: Result<(), String>,
+    ) -> Result<Peer, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("token");
+        std::fs::write(&file, format!("{TOKEN}\n"))?;
+        let token = token.then(|| ControlToken::load(&file)).transpose()?;
+        let mut registry = Registry::default();
+        let control = Control::register(
+            &mut registry,
+            ControlAuth::new(peer_tls, token.as_ref()),
+            Arc::new(Scripted(check)),
+        );
+        let registry = Arc::new(registry);
+        let (_tx, rx) = watch::channel(Health::starting());
+        let mut state = AppState::new(rx, registry.clone(), POD, dir.path());
+        state.control = control;
+        Ok(Peer {
+            state,
+            registry,
+            _dir: dir,
+        })
+    }
+
+    fn now() -> u64 {
+        etcd_steward::clock::unix_now()
+    }
+
+    fn restore_body(id: &str, expires_unix: u64) -> String {
+        serde_json::json!({"id": id, "snapshot": "20260101T000000.000Z-r5", "expires_unix": expires_unix}).to_string()
+    }
+
+    fn recovery_body(id: &str, expires_unix: u64) -> String {
+        serde_json::json!({"id": id, "survivor": "etcd-0", "force_lost": [], "expires_unix": expires_unix}).to_string()
+    }
+
+    impl Peer {
+        async fn post(
+            &self,
+            app: axum::Router,
+            path: &str,
+            bearer: Option<&str>,
+            body: String,
+        ) -> Result<(StatusCode, String), Box<dyn std::error::Error>> {
+            let mut req = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+            if let Some(t) = bearer {
+                req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let resp = app.oneshot(req.body(Body::from(body))?).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        }
+
+        async fn to_peer_port(
+            &self,
+            path: &str,
+            bearer: Option<&str>,
+            body: String,
+        ) -> Result<(StatusCode, String), Box<dyn std::error::Error>> {
+            self.post(peer_router(self.state.clone()), path, bearer, body)
+                .await
+        }
+
+        fn refused(&self, reason: Refused) -> u64 {
+            self.state.control.refused(reason)
+        }
+
+        fn metrics(&self) -> Result<String, std::fmt::Error> {
+            encode(&self.registry, Format::PrometheusText)
+        }
+    }
+
+    #[tokio::test]
+    async fn control_requests_on_the_probe_port_are_not_found() -> TestResult {
+        let p = peer(true, false, Ok(()))?;
+        for (path, body) in [
+            ("/peer/recovery", recovery_body("r1", now() + 60)),
+            ("/peer/restore", restore_body("s1", now() + 60)),
+        ] {
+            let (status, _) = p
+                .post(plain_port(p.state.clone()), path, Some(TOKEN), body)
+                .await?;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{path} on the probe port");
+        }
+        assert_eq!(p.state.recovery.current(), None);
+        assert_eq!(p.state.restore.current(), None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn requests_without_the_token_or_with_a_wrong_one_are_refused_401_and_counted(
+    ) -> TestResult {
+        let p = peer(true, false, Ok(()))?;
+        for bearer in [None, Some("wrong"), Some("0123456789abcdef-contro")] {
+            for (path, body) in [
+                ("/peer/recovery", recovery_body("r1", now() + 60)),
+                ("/peer/restore", restore_body("s1", now() + 60)),
+            ] {
+                let (status, text) = p.to_peer_port(path, bearer, body).await?;
+                assert_eq!(
+                    status,
+                    StatusCode::UNAUTHORIZED,
+                    "{path} with {bearer:?}: {text}"
+                );
+            }
+        }
+        assert_eq!(p.refused(Refused::Unauthenticated), 6);
+        assert!(
+            p.metrics()?.contains(
+                "etcd_steward_control_requests_refused_total{reason=\"unauthenticated\"} 6"
+            ),
+            "{}",
+            p.metrics()?
+        );
+        assert_eq!(p.state.recovery.current(), None);
+        assert_eq!(p.state.restore.current(), None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn with_neither_peer_tls_nor_a_token_every_control_request_is_refused_naming_the_option(
+    ) -> TestResult {
+        let p = peer(false, false, Ok(()))?;
+        let (status, text) = p
+            .to_peer_port("/peer/restore", Some(TOKEN), restore_body("s1", now() + 60))
+            .await?;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(text.contains("--control-token-file"), "{text}");
+        assert_eq!(p.refused(Refused::Disabled), 1);
+        assert_eq!(p.state.restore.current(), None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn with_peer_tls_and_no_token_the_mutual_tls_listener_is_the_authentication() -> TestResult
+    {
+        let p = peer(false, true, Ok(()))?;
+        let (status, text) = p
+            .to_peer_port("/peer/recovery", None, recovery_body("r1", now() + 60))
+            .await?;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+        assert!(p.state.recovery.current().is_some());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_valid_request_is_held_and_its_expiry_capped_at_15_minutes_from_receipt() -> TestResult
+    {
+        let p = peer(true, false, Ok(()))?;
+        let (status, text) = p
+            .to_peer_port(
+                "/peer/restore",
+                Some(TOKEN),
+                restore_body("s1", u64::MAX / 2),
+            )
+            .await?;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+        let held = p.state.restore.current().ok_or("not held")?;
+        assert!(
+            held.expires_unix <= now() + 15 * 60,
+            "held until {}, more than 15 minutes from now ({})",
+            held.expires_unix,
+            now()
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_expired_request_is_refused_and_counted() -> TestResult {
+        let p = peer(true, false, Ok(()))?;
+        let (status, text) = p
+            .to_peer_port(
+                "/peer/recovery",
+                Some(TOKEN),
+                recovery_body("r1", now() - 1),
+            )
+            .await?;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert_eq!(p.refused(Refused::Expired), 1);
+        assert_eq!(p.state.recovery.current(), None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_new_request_id_while_one_is_held_is_refused_409_and_the_same_id_is_not_renewed(
+    ) -> TestResult {
+        let p = peer(true, false, Ok(()))?;
+        let first = p
+            .to_peer_port("/peer/restore", Some(TOKEN), restore_body("s1", now() + 60))
+            .await?;
+        assert_eq!(first.0, StatusCode::ACCEPTED, "{}", first.1);
+        let held = p.state.restore.current().ok_or("not held")?;
+        // The same request handed again (as the command does every 5 s): taken, unchanged.
+        let again = p
+            .to_peer_port(
+                "/peer/restore",
+                Some(TOKEN),
+                restore_body("s1", now() + 600),
+            )
+            .await?;
+        assert_eq!(again.0, StatusCode::ACCEPTED, "{}", again.1);
+        assert_eq!(p.state.restore.current(), Some(held.clone()));
+        // Another restore, or a recovery, while it is held: refused.
+        for (path, body) in [
+            ("/peer/restore", restore_body("s2", now() + 60)),
+            ("/peer/recovery", recovery_body("r1", now() + 60)),
+        ] {
+            let (status, text) = p.to_peer_port(path, Some(TOKEN), body).await?;
+            assert_eq!(status, StatusCode::CONFLICT, "{path}: {text}");
+            assert!(text.contains("s1"), "{text}");
+        }
+        assert_eq!(p.refused(Refused::Conflict), 2);
+        assert_eq!(p.state.restore.current(), Some(held));
+        assert_eq!(p.state.recovery.current(), None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_request_this_pod_finds_invalid_is_refused_422_counted_and_not_held() -> TestResult {
+        let p = peer(
+            true,
+            false,
+            Err("snapshot 20260101T000000.000Z-r5 is not in the store".into()),
+        )?;
+        let (status, text) = p
+            .to_peer_port("/peer/restore", Some(TOKEN), restore_body("s1", now() + 60))
+            .await?;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
+        assert!(text.contains("is not in the store"), "{text}");
+        assert_eq!(p.refused(Refused::Invalid), 1);
+        assert_eq!(p.state.restore.current(), None);
+        let (status, text) = p
+            .to_peer_port("/peer/recovery", Some(TOKEN), "{\"id\":1}".into())
+            .await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert_eq!(p.refused(Refused::Invalid), 2);
+        Ok(())
+    }
 }

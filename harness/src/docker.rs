@@ -194,6 +194,20 @@ async fn create_network(name: &str, run: &str) -> u8 {
     panic!("no free 10.213.N.0/24 for network {name}: {last}");
 }
 
+/// Where the control token is mounted in every container (the chart's path).
+const CONTROL_MOUNT: &str = "/var/run/etcd-steward/control";
+
+/// Writes the scenario's control token into `dir/token`, readable by the containers' user.
+fn write_control_token(dir: &std::path::Path, run: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let file = dir.join("token");
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&file, format!("control-{run}\n")))
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+        .and_then(|()| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)))
+        .unwrap_or_else(|e| panic!("control token in {}: {e}", dir.display()));
+}
+
 /// One scenario's pods, networks and volumes (see the module's documentation).
 pub struct Cluster {
     /// Prefix of every container, network and volume name of this scenario.
@@ -210,6 +224,9 @@ pub struct Cluster {
     /// The host directory of the peer certificates, once [`Cluster::enable_peer_tls`]
     /// made them.
     peer_tls: Option<std::path::PathBuf>,
+    /// The host directory holding the control token (`token`), mounted read-only into
+    /// every container at [`CONTROL_MOUNT`], as the chart mounts its Secret.
+    control: std::path::PathBuf,
     /// `--backup-interval` of pods created with backups (default `1h`: the periodic
     /// snapshots stay out of the way of the ones a scenario takes).
     pub backup_interval: String,
@@ -252,6 +269,8 @@ impl Cluster {
         let mgmt = format!("{run}-mgmt");
         let net_octet = create_network(&net, &run).await;
         let mgmt_octet = create_network(&mgmt, &run).await;
+        let control = std::env::temp_dir().join(format!("{run}-control"));
+        write_control_token(&control, &run);
         log(
             &run,
             &format!("networks {net} and {mgmt} (10.213.{mgmt_octet}.0/24) created"),
@@ -263,6 +282,7 @@ impl Cluster {
             extra_args: Vec::new(),
             backups: None,
             peer_tls: None,
+            control,
             backup_interval: "1h".to_string(),
             net,
             mgmt,
@@ -333,6 +353,7 @@ impl Cluster {
         if let Some(t) = &self.stall_timeout {
             args.push(format!("--learner-stall-timeout={t}"));
         }
+        args.push(format!("--control-token-file={CONTROL_MOUNT}/token"));
         args.extend(self.extra_args.iter().cloned());
         if self.peer_tls.is_some() {
             for (opt, file) in [
@@ -344,6 +365,14 @@ impl Cluster {
             }
         }
         args
+    }
+
+    /// `-v` options that mount the control token (read-only).
+    fn control_args(&self) -> Vec<String> {
+        vec![
+            "-v".into(),
+            format!("{}:{CONTROL_MOUNT}:ro", self.control.display()),
+        ]
     }
 
     /// `-v` options that mount the peer certificates (read-only), once enabled.
@@ -436,6 +465,7 @@ impl Cluster {
             format!("{vol}:/var/lib/etcd"),
         ];
         args.extend(self.backup_args(false));
+        args.extend(self.control_args());
         args.extend(self.peer_tls_args());
         if self.peer_tls.is_some() {
             // The headless Service's name, resolving to every pod: etcd checks that a peer's
@@ -516,6 +546,7 @@ impl Cluster {
             format!("{}:/var/lib/etcd:ro", self.volume(o)),
         ];
         args.extend(self.backup_args(true));
+        args.extend(self.control_args());
         args.extend(self.peer_tls_args());
         args.extend(self.security_args());
         args.push(image());
@@ -756,6 +787,7 @@ impl Cluster {
             "none".into(),
         ];
         args.extend(self.backup_args(false));
+        args.extend(self.control_args());
         args.extend(self.security_args());
         args.extend([
             image(),

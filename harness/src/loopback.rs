@@ -155,6 +155,10 @@ pub struct Set {
     pub stall_timeout: Option<String>,
     /// More etcd-steward options for every pod started from now on.
     pub extra_args: Vec<String>,
+    /// The control token file every pod's sidecar and commands are given
+    /// (`--control-token-file`), as the chart and the manifests mount one Secret into both
+    /// containers; `None` for a set without it.
+    pub control_token: Option<PathBuf>,
     /// The certificates, when the set talks TLS.
     pub pki: Option<Pki>,
     /// Every pod the set has, started or not.
@@ -197,6 +201,12 @@ impl Set {
         std::fs::write(&resolv, format!("nameserver {dns_ip}\n"))
             .map_err(Error::io(format!("writing {}", resolv.display())))?;
         let dns = Dnsmasq::start(dns_ip, &root_path).await?;
+        let control_token = root_path.join("control-token");
+        std::fs::write(
+            &control_token,
+            format!("control-{net}-{}\n", std::process::id()),
+        )
+        .map_err(Error::io(format!("writing {}", control_token.display())))?;
         let pki = match setup.tls {
             true => Some(Pki::generate(
                 &root_path.join("pki"),
@@ -219,6 +229,7 @@ impl Set {
             net,
             stall_timeout: setup.stall_timeout,
             extra_args: Vec::new(),
+            control_token: Some(control_token),
             pki,
             pods: Vec::new(),
             root: Some(root),
@@ -423,6 +434,11 @@ impl Set {
         }
         args.push(format!("--cluster-domain={DOMAIN}"));
         args.extend(self.pki.iter().flat_map(Pki::args));
+        args.extend(
+            self.control_token
+                .iter()
+                .map(|t| format!("--control-token-file={}", t.display())),
+        );
         // `{ordinal}` in an extra option becomes the pod's ordinal (per-pod paths, as a pod's
         // own emptyDir would be).
         args.extend(

@@ -924,20 +924,28 @@ fn decide_formation(f: &Facts) -> Decision {
 /// reason to wait (the store unreachable, or snapshots there but none usable: never an
 /// empty cluster in their place).
 fn restore_choice(f: &Facts) -> Result<Option<String>, Why> {
+    snapshot_choice(&f.backups, &f.data.rejected_snapshots)
+}
+
+/// [`restore_choice`] from what the store holds and what this volume rejected: also how a
+/// sidecar checks an operator's restore request before it stops anything.
+pub fn snapshot_choice(
+    backups: &BackupFacts,
+    rejected: &[Rejection],
+) -> Result<Option<String>, Why> {
     let problem = |s: &SnapshotFacts, keys: &[String]| {
         if !s.verified {
             Some(Unusable::NotVerified)
         } else if s.drill_failed {
             Some(Unusable::DrillFailed)
         } else {
-            f.data
-                .rejected_snapshots
+            rejected
                 .iter()
                 .filter(|r| r.name == s.name)
                 .find_map(|r| rejection_holds(r, s, keys))
         }
     };
-    match &f.backups {
+    match backups {
         BackupFacts::Off => Ok(None),
         BackupFacts::NotAsked => Err(Why::BackupStoreUnreachable {
             error: "not asked yet".into(),

@@ -65,11 +65,15 @@ pub trait PeerReports: Send + Sync {
     }
 }
 
-/// Reports over HTTP from the peers' sidecars; with peer TLS, only over mutual TLS with the
-/// peer certificates, on the peer-report port.
+/// Reports over HTTP from the peers' sidecars, on their peer-report port; with peer TLS,
+/// only over mutual TLS with the peer certificates. Without peer TLS a pod of the previous
+/// release serves its report on the probe port only: when nothing listens on the
+/// peer-report port, the probe port is asked.
 #[derive(Clone)]
 pub struct HttpReports {
     port: u16,
+    /// Without peer TLS: the probe port, asked when the peer-report port refuses.
+    fallback: Option<u16>,
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// etcd's peer port, where `/version` is asked (over the peer TLS, when on).
     peer_port: u16,
@@ -77,17 +81,11 @@ pub struct HttpReports {
 
 impl HttpReports {
     pub fn new(cfg: &Config) -> Self {
-        match &cfg.peer_tls {
-            Some(t) => HttpReports {
-                port: cfg.peer_report_port,
-                tls: Some(t.client_config()),
-                peer_port: cfg.identity.peer_port,
-            },
-            None => HttpReports {
-                port: cfg.http_port,
-                tls: None,
-                peer_port: cfg.identity.peer_port,
-            },
+        HttpReports {
+            port: cfg.peer_report_port,
+            fallback: cfg.peer_tls.is_none().then_some(cfg.http_port),
+            tls: cfg.peer_tls.as_ref().map(|t| t.client_config()),
+            peer_port: cfg.identity.peer_port,
         }
     }
 }
@@ -101,7 +99,18 @@ impl PeerReports for HttpReports {
         timeout: Duration,
     ) -> Result<PeerReport, String> {
         let addr = SocketAddr::new(ip, self.port);
-        fetch_report(addr, host, name, self.tls.as_ref(), timeout).await
+        match (
+            fetch_report(addr, host, name, self.tls.as_ref(), timeout).await,
+            self.fallback,
+        ) {
+            (Err(ReportError::Refused(_)), Some(port)) => {
+                let addr = SocketAddr::new(ip, port);
+                fetch_report(addr, host, name, None, timeout)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            (r, _) => r.map_err(|e| e.to_string()),
+        }
     }
 
     async fn version(
@@ -196,6 +205,36 @@ pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdV
         }
     }
     v
+}
+
+/// What the store holds, as the restore choice reads it (`init::decide`); a store that does
+/// not answer is said so.
+pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
+    match catalog::list_stored(store).await {
+        Ok(stored) => BackupFacts::Listed {
+            wanted,
+            snapshots: stored
+                .iter()
+                .map(|(m, object)| SnapshotFacts {
+                    name: m.name.clone(),
+                    revision: m.revision,
+                    time_unix: m.time_unix,
+                    verified: m.verified,
+                    drill_failed: m.drill.as_ref().is_some_and(|d| !d.passed),
+                    content: SnapshotContent {
+                        sha256: m.sha256.clone(),
+                        size: object.as_ref().map(|o| o.size),
+                        etag: object.as_ref().and_then(|o| o.e_tag.clone()),
+                    },
+                    key: m.encryption.as_ref().map(|e| e.key.clone()),
+                })
+                .collect(),
+            keys: store.keys().fingerprints(),
+        },
+        Err(e) => BackupFacts::Unreachable {
+            error: e.to_string(),
+        },
+    }
 }
 
 /// Reads etcd's `/version` answer: `{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}`
@@ -409,31 +448,7 @@ where
         if !may_form {
             return BackupFacts::NotAsked;
         }
-        match catalog::list_stored(store).await {
-            Ok(stored) => BackupFacts::Listed {
-                wanted,
-                snapshots: stored
-                    .iter()
-                    .map(|(m, object)| SnapshotFacts {
-                        name: m.name.clone(),
-                        revision: m.revision,
-                        time_unix: m.time_unix,
-                        verified: m.verified,
-                        drill_failed: m.drill.as_ref().is_some_and(|d| !d.passed),
-                        content: SnapshotContent {
-                            sha256: m.sha256.clone(),
-                            size: object.as_ref().map(|o| o.size),
-                            etag: object.as_ref().and_then(|o| o.e_tag.clone()),
-                        },
-                        key: m.encryption.as_ref().map(|e| e.key.clone()),
-                    })
-                    .collect(),
-                keys: store.keys().fingerprints(),
-            },
-            Err(e) => BackupFacts::Unreachable {
-                error: e.to_string(),
-            },
-        }
+        list_backups(store, wanted).await
     }
 
     /// Asks every resolved peer's etcd at once; the first voter that sees a leader and
@@ -593,15 +608,29 @@ pub async fn fetch_report(
     name: &str,
     tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
     timeout: Duration,
-) -> Result<PeerReport, String> {
+) -> Result<PeerReport, ReportError> {
     let (status, body) =
         http_get::get_with(addr, host, "/peer/report", timeout, MAX_REPORT_BYTES, tls)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                http_get::GetError::Refused(a) => ReportError::Refused(a),
+                other => ReportError::Failed(other.to_string()),
+            })?;
     if status != 200 {
-        return Err(format!("answered HTTP {status}"));
+        return Err(ReportError::Failed(format!("answered HTTP {status}")));
     }
-    parse_report(&body, name).map_err(|e| e.to_string())
+    parse_report(&body, name).map_err(|e| ReportError::Failed(e.to_string()))
+}
+
+/// Why a peer's report was not had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// Nothing listens at the address (a pod of the previous release, on the peer-report
+    /// port).
+    #[error("connection to {0} refused")]
+    Refused(SocketAddr),
+    #[error("{0}")]
+    Failed(String),
 }
 
 #[cfg(test)]

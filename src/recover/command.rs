@@ -35,7 +35,7 @@ pub enum Ended {
 
 /// A recovery under way or done: a volume's marker, with whether its forced start
 /// happened, and whether a sidecar still holds that request.
-fn recorded(f: &Facts) -> Option<(String, bool, bool)> {
+pub fn recorded(f: &Facts) -> Option<(String, bool, bool)> {
     let held = |id: &str| f.recovery_request.as_ref().is_some_and(|r| r.id == id);
     if let Some(m) = &f.data.recovery {
         return Some((m.id.clone(), m.applied(f.data.tail.as_ref()), held(&m.id)));
@@ -71,6 +71,11 @@ where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
 {
+    if args.yes {
+        if let Some(why) = super::control_unavailable(&cfg) {
+            return Ok(Ended::Refused(why));
+        }
+    }
     let reports = HttpReports::new(&cfg);
     let obs = Observer {
         cfg: cfg.clone(),

@@ -44,6 +44,11 @@ where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
 {
+    if args.yes {
+        if let Some(why) = super::control_unavailable(&cfg) {
+            return Ok(Ended::Refused(why));
+        }
+    }
     let Some(backup_cfg) = cfg.backup.clone() else {
         return Ok(Ended::Refused(
             "restore needs --backup-url (or ETCD_STEWARD_BACKUP_URL)".into(),

@@ -5,6 +5,7 @@
 //! Stops cleanly on SIGTERM.
 
 pub mod backup_round;
+pub mod checks;
 pub mod conn;
 pub mod execute;
 pub mod health;
@@ -46,9 +47,10 @@ pub const LEARNER_TICK: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Error)]
 pub enum SidecarError {
-    #[error("cannot listen on {addr}: {source}; is another process using --http-port?")]
+    #[error("cannot listen on {addr}: {source}; is another process using --{option}?")]
     Bind {
         addr: SocketAddr,
+        option: &'static str,
         source: std::io::Error,
     },
     #[error("HTTP server failed: {0}")]
@@ -139,7 +141,7 @@ impl RecoveryDuty {
                 ),
             });
         };
-        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume", false);
+        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
         Some(text)
     }
 
@@ -151,7 +153,7 @@ impl RecoveryDuty {
             .as_ref()
             .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
         if pending {
-            self.stop_etcd(&r.id, "the cluster is restored to a snapshot", true)
+            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
         } else {
             format!(
                 "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
@@ -160,8 +162,8 @@ impl RecoveryDuty {
         }
     }
 
-    fn stop_etcd(&mut self, id: &str, why: &str, once: bool) -> String {
-        let text = match self.stopper.stop(id, once) {
+    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
+        let text = match self.stopper.stop(id) {
             recovery::Stop::Signalled(pid) => {
                 tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
                 format!("{id}: {why}; etcd stopped, init starts it again")
@@ -340,8 +342,27 @@ where
     let addr = SocketAddr::new(cfg.listen_ip, cfg.http_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| SidecarError::Bind { addr, source })?;
+        .map_err(|source| SidecarError::Bind {
+            addr,
+            option: "http-port",
+            source,
+        })?;
+    let report_addr = SocketAddr::new(cfg.listen_ip, cfg.peer_report_port);
+    let report_listener = tokio::net::TcpListener::bind(report_addr)
+        .await
+        .map_err(|source| SidecarError::Bind {
+            addr: report_addr,
+            option: "peer-report-port",
+            source,
+        })?;
     let mut registry = Registry::default();
+    let control_auth =
+        crate::control::ControlAuth::new(cfg.peer_tls.is_some(), cfg.control_token.as_ref());
+    let control = http::control::Control::register(
+        &mut registry,
+        control_auth.clone(),
+        Arc::new(checks::Checks::new(&cfg, dns.clone(), connector.clone())),
+    );
     let probe = HttpPeerProbe { cfg: cfg.clone() };
     let auto = cfg
         .auto_recover_after
@@ -407,29 +428,27 @@ where
         data_dir: cfg.data_dir.clone(),
         reported: None,
     });
-    let app = match &cfg.peer_tls {
+    state.control = control;
+    let peer_tls = cfg.peer_tls.as_ref().map(|t| t.server_config());
+    let on = match (&control_auth, &peer_tls) {
+        (crate::control::ControlAuth::Off, _) => "off (neither peer TLS nor --control-token-file)",
+        (crate::control::ControlAuth::Token(_), Some(_)) => "mutual TLS and the control token",
+        (crate::control::ControlAuth::Token(_), None) => "the control token",
+        (crate::control::ControlAuth::MutualTls, _) => "mutual TLS",
+    };
+    tracing::info!(addr = %report_addr, tls = peer_tls.is_some(), control = on, "serving /peer/report and control requests");
+    tokio::spawn(server::serve(
+        report_listener,
+        peer_tls.clone(),
+        http::peer_router(state.clone()),
+        server::Limits::default(),
+        stop.clone(),
+    ));
+    // Control requests are never served on the probe port. Without peer TLS the report is,
+    // for one release, for pods of the previous release (they ask this port).
+    let app = match peer_tls {
         None => http::router(state.clone()).merge(http::report_router(state.clone())),
-        Some(tls) => {
-            let report_addr = SocketAddr::new(cfg.listen_ip, cfg.peer_report_port);
-            let listener = tokio::net::TcpListener::bind(report_addr)
-                .await
-                .map_err(|source| SidecarError::Bind {
-                    addr: report_addr,
-                    source,
-                })?;
-            let config = tls.server_config();
-            tracing::info!(addr = %report_addr, "serving /peer/report over mutual TLS (peer CA)");
-            let reports = http::report_router(state.clone());
-            let limits = server::Limits::default();
-            tokio::spawn(server::serve(
-                listener,
-                Some(config),
-                reports,
-                limits,
-                stop.clone(),
-            ));
-            http::router(state.clone())
-        }
+        Some(_) => http::router(state.clone()),
     };
     tracing::info!(%addr, pod = %cfg.identity.name(), "sidecar serving /healthz, /ready, /metrics");
     let server = tokio::spawn(server::serve(

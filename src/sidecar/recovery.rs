@@ -31,18 +31,32 @@ const TAIL_TTL: Duration = Duration::from_secs(2);
 
 /// A request an operator's command hands every sidecar, held until it expires.
 pub trait Expiring: Clone + PartialEq + std::fmt::Debug {
+    fn id(&self) -> &str;
     fn expires_unix(&self) -> u64;
+    fn set_expires_unix(&mut self, at: u64);
 }
 
 impl Expiring for RecoveryRequest {
+    fn id(&self) -> &str {
+        &self.id
+    }
     fn expires_unix(&self) -> u64 {
         self.expires_unix
+    }
+    fn set_expires_unix(&mut self, at: u64) {
+        self.expires_unix = at;
     }
 }
 
 impl Expiring for crate::facts::RestoreRequest {
+    fn id(&self) -> &str {
+        &self.id
+    }
     fn expires_unix(&self) -> u64 {
         self.expires_unix
+    }
+    fn set_expires_unix(&mut self, at: u64) {
+        self.expires_unix = at;
     }
 }
 
@@ -59,8 +73,21 @@ impl<T> Default for Inbox<T> {
     }
 }
 
+/// What [`Inbox::take`] did with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// Now held.
+    Held,
+    /// The same request ID was already held: kept as it was (its expiry counts from its
+    /// first receipt).
+    AlreadyHeld,
+    /// Another request (this ID) is held: refused.
+    Conflict(String),
+}
+
 impl<T: Expiring> Inbox<T> {
-    /// Takes a request (a newer one replaces the one held).
+    /// Takes a request (a newer one replaces the one held). For the sidecar's own
+    /// `--auto-recover-after`, which offers only while nothing is held.
     pub fn offer(&self, request: T) {
         if let Ok(mut held) = self.held.lock() {
             if held.as_ref() != Some(&request) {
@@ -68,6 +95,29 @@ impl<T: Expiring> Inbox<T> {
             }
             *held = Some(request);
         }
+    }
+
+    /// Takes an operator's request unless another one is held: one request at a time, and
+    /// the same request handed again is not renewed.
+    pub fn take(&self, request: T) -> Taken {
+        let now = unix_now();
+        let Ok(mut held) = self.held.lock() else {
+            return Taken::Conflict("(unreadable)".into());
+        };
+        match held.as_ref().filter(|h| h.expires_unix() > now) {
+            Some(h) if h.id() == request.id() => Taken::AlreadyHeld,
+            Some(h) => Taken::Conflict(h.id().to_string()),
+            None => {
+                tracing::warn!(request = ?request, "request from an operator's command held until it expires");
+                *held = Some(request);
+                Taken::Held
+            }
+        }
+    }
+
+    /// The ID of the request held, unless it has expired.
+    pub fn held_id(&self) -> Option<String> {
+        self.current().map(|r| r.id().to_string())
     }
 
     /// The request held, unless it has expired.
@@ -187,8 +237,8 @@ pub enum Stop {
     Signalled(i32),
     /// Not attempted: the last attempt was too recent.
     CoolingDown,
-    /// Not attempted: etcd was already stopped once for this restore request; `init`
-    /// decides from there (it may find the request unfounded and start etcd again).
+    /// Not attempted: etcd was already stopped once for this request; `init` decides from
+    /// there (it may find the request unfounded and start etcd again).
     Done,
     /// No etcd process for this volume is visible (not running, or not in this
     /// process namespace).
@@ -196,31 +246,39 @@ pub enum Stop {
     Failed(String),
 }
 
-/// Stops this pod's etcd for a request, at most once per [`STOP_COOLDOWN`]; with `once`,
-/// never again for the same request after a signal went out.
+/// Stops this pod's etcd for a request: at most once per request ID, and looks for the
+/// process at most once per [`STOP_COOLDOWN`].
 pub struct Stopper {
     data_dir: PathBuf,
+    cooldown: Duration,
     last: Option<Instant>,
     signalled_for: Option<String>,
 }
 
 impl Stopper {
     pub fn new(data_dir: &Path) -> Self {
+        Stopper::with_cooldown(data_dir, STOP_COOLDOWN)
+    }
+
+    /// As [`Stopper::new`], looking for etcd again only after `cooldown`.
+    pub fn with_cooldown(data_dir: &Path, cooldown: Duration) -> Self {
         Stopper {
             data_dir: data_dir.to_path_buf(),
+            cooldown,
             last: None,
             signalled_for: None,
         }
     }
 
-    /// Stops etcd for request `id`. A recovery asks again while `init` has not recorded it
-    /// (it may have started etcd before it saw the request); a restore asks `once`, since
-    /// `init` may rightly start etcd again on its data (the snapshot unusable from here).
-    pub fn stop(&mut self, id: &str, once: bool) -> Stop {
-        if once && self.signalled_for.as_deref() == Some(id) {
+    /// Stops etcd for request `id`, at most once per request: after a signal went out,
+    /// `init` decides (it may rightly start etcd again on its data: a recovery it does not
+    /// agree with, a snapshot unusable from here). Only a look that found no etcd is
+    /// repeated, after [`STOP_COOLDOWN`].
+    pub fn stop(&mut self, id: &str) -> Stop {
+        if self.signalled_for.as_deref() == Some(id) {
             return Stop::Done;
         }
-        if self.last.is_some_and(|t| t.elapsed() < STOP_COOLDOWN) {
+        if self.last.is_some_and(|t| t.elapsed() < self.cooldown) {
             return Stop::CoolingDown;
         }
         self.last = Some(Instant::now());

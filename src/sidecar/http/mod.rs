@@ -3,6 +3,7 @@
 //! Handlers read what the loop last published, so they answer at once even while etcd is
 //! slow or without quorum.
 
+pub mod control;
 pub mod metrics;
 pub mod report;
 pub mod routes;
@@ -17,7 +18,7 @@ use tokio::sync::watch;
 use super::health::Health;
 use super::recovery::{Inbox, TailCache};
 
-pub use routes::{report_router, router};
+pub use routes::{peer_router, report_router, router};
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -38,6 +39,8 @@ pub struct AppState {
     pub tail: Arc<TailCache>,
     /// The last time the loop saw the cluster list this pod's member, for the report.
     pub vouch: watch::Receiver<Option<crate::facts::Vouch>>,
+    /// Who may send control requests, how they are checked, and the refusals counted.
+    pub control: control::Control,
 }
 
 impl AppState {
@@ -56,6 +59,11 @@ impl AppState {
             restore: Arc::new(Inbox::default()),
             tail: Arc::new(TailCache::new(data_dir)),
             vouch: watch::channel(None).1,
+            // Off until the sidecar says how control requests are authenticated.
+            control: control::Control::unregistered(
+                crate::control::ControlAuth::Off,
+                Arc::new(control::CannotCheck),
+            ),
         }
     }
 

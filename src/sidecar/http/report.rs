@@ -1,7 +1,6 @@
 //! `/peer/report`: what this pod's volume holds (a WAL, its member and cluster ID, the
 //! formation marker), read afresh on every request; other pods take it as bootstrap evidence.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,7 +9,6 @@ use super::AppState;
 use crate::facts::WalState;
 use crate::report::PeerReport;
 use crate::sidecar::health::waiting_shown;
-use crate::sidecar::recovery::{Expiring, Inbox};
 use crate::volume;
 
 /// The longest waiting reason the report carries (the whole one is on `/ready`).
@@ -70,38 +68,5 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
-}
-
-/// `POST /peer/recovery`: an operator's `recover --yes` hands this pod the request. It is
-/// held (see `sidecar::recovery`), shown in the report, and checked by every pod against
-/// its own observations before anything is done.
-pub async fn accept_recovery(State(s): State<AppState>, body: Bytes) -> Response {
-    accept(&s.recovery, &body)
-}
-
-/// `POST /peer/restore`: an operator's `restore --snapshot NAME --yes` hands this pod the
-/// request; held and shown in the report like a recovery request.
-pub async fn accept_restore(State(s): State<AppState>, body: Bytes) -> Response {
-    accept(&s.restore, &body)
-}
-
-fn accept<T>(inbox: &Inbox<T>, body: &[u8]) -> Response
-where
-    T: Expiring + serde::de::DeserializeOwned,
-{
-    if body.len() > crate::report::MAX_REPORT_BYTES {
-        return (StatusCode::PAYLOAD_TOO_LARGE, "request too large\n").into_response();
-    }
-    match serde_json::from_slice::<T>(body) {
-        Ok(request) => {
-            inbox.offer(request);
-            (StatusCode::ACCEPTED, "held\n").into_response()
-        }
-        Err(e) => (
-            StatusCode::BAD_REQUEST,
-            format!("not a valid request: {e}\n"),
-        )
-            .into_response(),
     }
 }

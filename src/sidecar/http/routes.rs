@@ -1,5 +1,6 @@
 //! The routes: `/healthz`, `/ready`, `/metrics` for kubelet and scrapers (GET and HEAD only,
-//! nothing secret), and `/peer/report` for other pods.
+//! nothing secret) on the probe port; `/peer/report` and the control requests for other
+//! pods and the operator's commands on the peer-facing port.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -7,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use super::control::{accept_recovery, accept_restore};
 use super::metrics::{self, Format};
-use super::report::{accept_recovery, accept_restore, peer_report};
+use super::report::peer_report;
 use super::AppState;
 use crate::sidecar::health::Check;
 
@@ -55,10 +57,20 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The peer-facing surface: the report other pods take as bootstrap evidence, and the
-/// recovery request `recover --yes` hands every pod. Served on
-/// the plain port without peer TLS, and only over mutual TLS with it.
+/// The read-only peer report alone. Without peer TLS the probe port serves it as well, for
+/// one release, so that pods of the previous release (which ask the probe port) still read
+/// it during a rolling upgrade.
 pub fn report_router(state: AppState) -> Router {
+    Router::new()
+        .route("/peer/report", get(peer_report))
+        .with_state(state)
+}
+
+/// The peer-facing surface, served on `--peer-report-port` only: the report other pods take
+/// as bootstrap evidence, and the control requests the operator's commands send
+/// (`recover --yes`, `restore --yes`; see [`super::control`]). Over mutual TLS with peer
+/// TLS, plain HTTP without (control requests then need the token).
+pub fn peer_router(state: AppState) -> Router {
     Router::new()
         .route("/peer/report", get(peer_report))
         .route("/peer/recovery", post(accept_recovery))

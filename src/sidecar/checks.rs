@@ -1,0 +1,156 @@
+//! This pod's check of a control request before it is held, and so before its etcd is
+//! stopped for it (see [`super::http::control`]):
+//! - a restore: the snapshot must be listed in the store, verified, not failed by its
+//!   drill, and not rejected by this pod (the same choice `init` makes,
+//!   [`crate::init::decide::snapshot_choice`]); the store's listing is reused for a few
+//!   seconds, so a flood of requests costs one listing;
+//! - a recovery: the survivor and every pod declared lost must be pods of this set; in the
+//!   survivor's own pod (the only one that stops anything) the plan this pod makes from its
+//!   own observations, as `recover` does, must name the same survivor and ID.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use crate::backup::store::Store;
+use crate::config::Config;
+use crate::dns::Dns;
+use crate::etcd::Connector;
+use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
+use crate::init::decide::Why;
+use crate::init::observe::{list_backups, HttpReports, Observer};
+use crate::sidecar::http::control::CheckRequests;
+use crate::volume;
+
+/// How long a listing of the store answers restore requests.
+const LISTING_TTL: Duration = Duration::from_secs(5);
+
+/// The real checks: this pod's observer and store.
+pub struct Checks<D, C> {
+    obs: Observer<D, C, HttpReports>,
+    store: Option<Store>,
+    listing: tokio::sync::Mutex<Option<(Instant, BackupFacts)>>,
+}
+
+impl<D, C> Checks<D, C>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    pub fn new(cfg: &Config, dns: D, connector: C) -> Self {
+        let store = cfg.backup.as_ref().and_then(|b| match Store::open(&b.url) {
+            Ok(s) => Some(s.with_keys(b.keys.clone())),
+            Err(e) => {
+                tracing::warn!(error = %e, "the backup store cannot be opened: restore requests are refused");
+                None
+            }
+        });
+        Checks {
+            obs: Observer {
+                reports: HttpReports::new(cfg),
+                cfg: cfg.clone(),
+                dns,
+                connector,
+                store: None,
+                starting: false,
+            },
+            store,
+            listing: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn check_restore(&self, r: &RestoreRequest) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Err(format!(
+                "this pod has no backup store (--backup-url) to find snapshot {} in",
+                r.snapshot
+            ));
+        };
+        let listed = {
+            let mut cached = self.listing.lock().await;
+            match cached.as_ref() {
+                Some((at, facts)) if at.elapsed() < LISTING_TTL => facts.clone(),
+                _ => {
+                    let facts = list_backups(store, RestoreWanted::Latest).await;
+                    *cached = Some((Instant::now(), facts.clone()));
+                    facts
+                }
+            }
+        };
+        let listed = match listed {
+            BackupFacts::Listed {
+                snapshots, keys, ..
+            } => BackupFacts::Listed {
+                wanted: RestoreWanted::Named(r.snapshot.clone()),
+                snapshots,
+                keys,
+            },
+            other => other,
+        };
+        let rejected = volume::marker::rejected_snapshots(&self.obs.cfg.data_dir);
+        match crate::init::decide::snapshot_choice(&listed, &rejected) {
+            Ok(Some(name)) if name == r.snapshot => Ok(()),
+            Ok(_) => Err(format!("snapshot {} is not in the store", r.snapshot)),
+            Err(Why::NamedBackupUnusable { name, problem }) => {
+                Err(format!("snapshot {name} {problem}"))
+            }
+            Err(Why::BackupStoreUnreachable { error }) => {
+                Err(format!("the backup store does not answer: {error}"))
+            }
+            Err(why) => Err(why.to_string()),
+        }
+    }
+
+    async fn check_recovery(&self, r: &RecoveryRequest) -> Result<(), String> {
+        let id = &self.obs.cfg.identity;
+        for pod in std::iter::once(&r.survivor).chain(&r.force_lost) {
+            if id.ordinal_of_name(pod).is_none() {
+                return Err(format!("{pod:?} is not a pod of this set"));
+            }
+        }
+        if r.survivor != id.name() {
+            // Held and shown in the report only: nothing is stopped here for it.
+            return Ok(());
+        }
+        let mut f = self
+            .obs
+            .observe(String::new())
+            .await
+            .map_err(|e| format!("this pod cannot observe: {e}"))?;
+        if f.data.has_data() {
+            f.data.tail = volume::log_tail(&self.obs.cfg.data_dir)
+                .map_err(|e| format!("this volume's WAL tail cannot be read: {e}"))?;
+        }
+        if f.data.recovery.as_ref().is_some_and(|m| m.id == r.id) {
+            // init has acted on it already: nothing more is stopped for it.
+            return Ok(());
+        }
+        let under_way = crate::recover::command::recorded(&f);
+        let pending = under_way
+            .as_ref()
+            .filter(|(_, applied, _)| !applied)
+            .map(|(id, _, _)| id.as_str());
+        match crate::recover::plan::plan(&f, &r.force_lost, pending) {
+            Ok(p) if p.survivor == r.survivor && p.id == r.id => Ok(()),
+            Ok(p) => Err(format!(
+                "this pod's own observations make plan {} with survivor {}, not {} with {}",
+                p.id, p.survivor, r.id, r.survivor
+            )),
+            Err(refusal) => Err(format!("this pod's own observations refuse it: {refusal}")),
+        }
+    }
+}
+
+impl<D, C> CheckRequests for Checks<D, C>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    fn recovery<'a>(&'a self, request: &'a RecoveryRequest) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.check_recovery(request))
+    }
+
+    fn restore<'a>(&'a self, request: &'a RestoreRequest) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.check_restore(request))
+    }
+}
