@@ -106,6 +106,13 @@ pub trait Connector: Send + Sync {
         let _ = (host, ip, port);
         async { None }
     }
+
+    /// Changes whenever the TLS material new connections are opened with changed (its files
+    /// rotated): a holder of connections reopens them, since an open channel would reconnect
+    /// with the material it was opened with. Looks at the files.
+    fn tls_version(&self) -> u64 {
+        0
+    }
 }
 
 /// Time-outs for the calls made to etcd.
@@ -128,7 +135,8 @@ impl Default for Timeouts {
 #[derive(Debug, Clone, Default)]
 pub struct EtcdClientConnector {
     pub timeouts: Timeouts,
-    /// Client TLS: connect over https, verify the member's DNS name, present our cert.
+    /// Client TLS: connect over https, verify the member's DNS name, present our cert (as
+    /// the files hold it when the connection is opened).
     pub tls: Option<crate::tls::TlsMaterial>,
     /// etcd credentials, when etcd's authentication is enabled.
     pub auth: Option<crate::config::Auth>,
@@ -155,6 +163,12 @@ pub struct EtcdClientMember {
 
 impl Connector for EtcdClientConnector {
     type Member = EtcdClientMember;
+
+    fn tls_version(&self) -> u64 {
+        self.tls
+            .as_ref()
+            .map_or(0, crate::tls::TlsMaterial::version)
+    }
 
     async fn auth_enabled(&self, host: &str, ip: IpAddr, port: u16) -> Option<bool> {
         let addr = std::net::SocketAddr::new(ip, port);

@@ -1,9 +1,21 @@
-//! TLS material: PEM files loaded once (a bad file is a configuration error), and the
-//! rustls and tonic configurations built from them — the etcd client side, and mutual TLS
-//! with the peer certificates for the peer reports that decide a bootstrap.
+//! TLS material: one side's PEM files, read at start (a bad file is a configuration error)
+//! and read again as they rotate (cert-manager renews a certificate, the kubelet swaps the
+//! Secret's files), and the rustls and tonic configurations built from them — the etcd
+//! client side, and mutual TLS with the peer certificates for the peer reports and control
+//! requests.
+//!
+//! Every use asks for the current material: the three files are stat-checked (device, inode,
+//! size, modification and change times; a Secret's files are symlinks, followed) and read
+//! again when one changed. Files that do not load together — a pair written half-way (a
+//! new certificate beside the old key), a file that does not parse, a file missing for a
+//! moment — are not used: the last good material stays in use, and the problem, naming the
+//! file, is logged once per change of the files, not at every use.
 
+mod expiry;
+
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -36,19 +48,70 @@ pub enum TlsError {
     },
 }
 
-/// One side's certificate, key and CA, parsed. Its `Debug` names the files, never the key.
+/// One side's certificate, key and CA files and the material last loaded from them, re-read
+/// as they change (see the module's documentation). Clones share the material. Its `Debug`
+/// names the files, never the key.
 #[derive(Clone)]
 pub struct TlsMaterial {
     pub files: TlsFiles,
-    pub cert_pem: Vec<u8>,
-    pub key_pem: Vec<u8>,
-    pub ca_pem: Vec<u8>,
-    /// Built once at load (which also proves the key matches the certificate).
-    client: Arc<ClientConfig>,
-    server: Arc<ServerConfig>,
+    state: Arc<Mutex<State>>,
 }
 
-/// What the rustls configurations are built from, checked once in [`TlsMaterial::load`].
+/// When the first certificate of a configured file (the leaf of a certificate file, the
+/// first CA of a CA file) expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertExpiry {
+    pub file: PathBuf,
+    /// Its notAfter, Unix seconds.
+    pub not_after: i64,
+}
+
+struct State {
+    /// The files as last looked at, whether they loaded then or not.
+    seen: [Option<Stamp>; 3],
+    loaded: Arc<Loaded>,
+    /// How many times `loaded` changed since start.
+    version: u64,
+}
+
+/// One set of files that loaded together: parsed, checked, configurations built.
+struct Loaded {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    ca_pem: Vec<u8>,
+    /// Built at load (which also proves the key matches the certificate).
+    client: Arc<ClientConfig>,
+    server: Arc<ServerConfig>,
+    expiry: Vec<CertExpiry>,
+}
+
+/// What says that a file changed: another file under the name (a new inode, as the kubelet's
+/// swap of a Secret's files gives), or the same file rewritten (size or times).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+fn stamps(files: &TlsFiles) -> [Option<Stamp>; 3] {
+    [stamp(&files.cert), stamp(&files.key), stamp(&files.ca)]
+}
+
+/// What the rustls configurations are built from, checked in [`Loaded::read`].
 struct Parts<'a> {
     files: &'a TlsFiles,
     key_pem: &'a [u8],
@@ -142,9 +205,17 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-impl TlsMaterial {
+fn expiry(file: &Path, certs: &[CertificateDer<'_>]) -> Option<CertExpiry> {
+    let not_after = expiry::not_after(certs.first()?.as_ref())?;
+    Some(CertExpiry {
+        file: file.to_path_buf(),
+        not_after,
+    })
+}
+
+impl Loaded {
     /// Reads and checks the three files; every problem names its file.
-    pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+    fn read(files: &TlsFiles) -> Result<Self, TlsError> {
         let cert_pem = read(&files.cert)?;
         let key_pem = read(&files.key)?;
         let ca_pem = read(&files.ca)?;
@@ -156,35 +227,264 @@ impl TlsMaterial {
         };
         let client = parts.client_config()?;
         let server = parts.server_config()?;
-        Ok(TlsMaterial {
-            files: files.clone(),
+        let expiry = [(&files.cert, &parts.certs), (&files.ca, &parts.cas)]
+            .into_iter()
+            .filter_map(|(file, certs)| expiry(file, certs))
+            .collect();
+        Ok(Loaded {
             cert_pem,
             key_pem,
             ca_pem,
             client,
             server,
+            expiry,
         })
+    }
+
+    fn same_files_as(&self, other: &Loaded) -> bool {
+        (&self.cert_pem, &self.key_pem, &self.ca_pem)
+            == (&other.cert_pem, &other.key_pem, &other.ca_pem)
+    }
+}
+
+impl TlsMaterial {
+    /// Reads and checks the three files; every problem names its file. At start a bad file
+    /// is an error (the caller's configuration error); later changes that do not load are
+    /// logged and leave this material in use.
+    pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        // Looked at before reading: a change in between is seen (and read) at the next use.
+        let seen = stamps(files);
+        let loaded = Loaded::read(files)?;
+        Ok(TlsMaterial {
+            files: files.clone(),
+            state: Arc::new(Mutex::new(State {
+                seen,
+                loaded: Arc::new(loaded),
+                version: 0,
+            })),
+        })
+    }
+
+    /// The material to use now, and its version: the files are read again if they changed
+    /// since they were last looked at; what does not load is not used.
+    fn current(&self) -> (Arc<Loaded>, u64) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = stamps(&self.files);
+        if now != state.seen {
+            state.seen = now;
+            let files = &self.files;
+            match Loaded::read(files) {
+                Ok(new) if new.same_files_as(&state.loaded) => {}
+                Ok(new) => {
+                    state.loaded = Arc::new(new);
+                    state.version += 1;
+                    tracing::info!(cert = %files.cert.display(), key = %files.key.display(), ca = %files.ca.display(), "TLS files changed: new connections and handshakes use them");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS files changed but do not load together: not used; the last good certificate, key and CA stay in use until they do")
+                }
+            }
+        }
+        (state.loaded.clone(), state.version)
+    }
+
+    /// How many times the material in use changed since start (the files are looked at
+    /// first): a holder of connections opened with older material reopens them.
+    pub fn version(&self) -> u64 {
+        self.current().1
     }
 
     /// A client that trusts only this CA and presents this certificate.
     pub fn client_config(&self) -> Arc<ClientConfig> {
-        self.client.clone()
+        self.current().0.client.clone()
     }
 
     /// A server that presents this certificate and admits only clients with a certificate
     /// signed by this CA.
     pub fn server_config(&self) -> Arc<ServerConfig> {
-        self.server.clone()
+        self.current().0.server.clone()
     }
 
     /// The etcd client's TLS options for the member named `host`.
     pub fn etcd_client_tls(&self, host: &str) -> etcd_client::TlsOptions {
+        let m = self.current().0;
         etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(&self.ca_pem))
-            .identity(etcd_client::Identity::from_pem(
-                &self.cert_pem,
-                &self.key_pem,
-            ))
+            .ca_certificate(etcd_client::Certificate::from_pem(&m.ca_pem))
+            .identity(etcd_client::Identity::from_pem(&m.cert_pem, &m.key_pem))
             .domain_name(host)
+    }
+
+    /// When the certificate file and the CA file of the material in use expire (a file
+    /// whose notAfter cannot be read is left out).
+    pub fn expiry(&self) -> Vec<CertExpiry> {
+        self.current().0.expiry.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+
+    /// A CA and a leaf it signed, both valid until the first of January of `year`, as PEM.
+    struct Issued {
+        ca: String,
+        cert: String,
+        key: String,
+    }
+
+    fn issue(year: i32) -> Issued {
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.not_after = rcgen::date_time_ymd(year, 1, 1);
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let mut leaf = CertificateParams::new(vec!["etcd-0".to_string()]).unwrap();
+        leaf.not_after = rcgen::date_time_ymd(year, 1, 1);
+        let key = KeyPair::generate().unwrap();
+        let cert = leaf.signed_by(&key, &ca).unwrap();
+        Issued {
+            ca: ca.pem(),
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// Midnight UTC of the first of January of `year`, Unix seconds.
+    fn new_year(year: i64) -> i64 {
+        expiry::days_from_civil(year, 1, 1) * 86_400
+    }
+
+    struct Dir {
+        dir: tempfile::TempDir,
+        files: TlsFiles,
+    }
+
+    impl Dir {
+        fn new() -> Dir {
+            let dir = tempfile::tempdir().unwrap();
+            let files = TlsFiles {
+                cert: dir.path().join("tls.crt"),
+                key: dir.path().join("tls.key"),
+                ca: dir.path().join("ca.crt"),
+            };
+            Dir { dir, files }
+        }
+
+        /// Replaces one file as the kubelet does: a new file renamed over the old.
+        fn replace(&self, path: &Path, pem: &str) {
+            let tmp = self.dir.path().join("..tmp");
+            std::fs::write(&tmp, pem).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        }
+
+        fn install(&self, i: &Issued) {
+            self.replace(&self.files.cert, &i.cert);
+            self.replace(&self.files.key, &i.key);
+            self.replace(&self.files.ca, &i.ca);
+        }
+    }
+
+    fn expiry_of(m: &TlsMaterial) -> Vec<(String, i64)> {
+        m.expiry()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.file.file_name().unwrap().to_string_lossy().into(),
+                    e.not_after,
+                )
+            })
+            .collect()
+    }
+
+    fn both_until(year: i64) -> Vec<(String, i64)> {
+        vec![
+            ("tls.crt".into(), new_year(year)),
+            ("ca.crt".into(), new_year(year)),
+        ]
+    }
+
+    #[test]
+    fn certificates_from_a_new_ca_are_used_from_the_next_use_on() {
+        let d = Dir::new();
+        d.install(&issue(2031));
+        let m = TlsMaterial::load(&d.files).unwrap();
+        let (client, server) = (m.client_config(), m.server_config());
+        assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+
+        d.install(&issue(2032));
+        assert_eq!((m.version(), expiry_of(&m)), (1, both_until(2032)));
+        assert!(
+            !Arc::ptr_eq(&client, &m.client_config()),
+            "a new client config"
+        );
+        assert!(
+            !Arc::ptr_eq(&server, &m.server_config()),
+            "a new server config"
+        );
+        let shared = m.clone();
+        assert_eq!(shared.version(), 1, "clones share the material");
+    }
+
+    #[test]
+    fn files_unchanged_or_rewritten_alike_keep_the_material_and_its_version() {
+        let d = Dir::new();
+        let issued = issue(2031);
+        d.install(&issued);
+        let m = TlsMaterial::load(&d.files).unwrap();
+        let client = m.client_config();
+        assert_eq!(m.version(), 0);
+        // The kubelet rewrites a Secret's files with the same content (new inodes).
+        d.install(&issued);
+        assert_eq!(m.version(), 0);
+        assert!(Arc::ptr_eq(&client, &m.client_config()));
+    }
+
+    #[test]
+    fn a_new_certificate_beside_the_old_key_is_not_used_until_its_key_arrives() {
+        let d = Dir::new();
+        d.install(&issue(2031));
+        let m = TlsMaterial::load(&d.files).unwrap();
+        let next = issue(2032);
+        d.replace(&d.files.ca, &next.ca);
+        d.replace(&d.files.cert, &next.cert);
+        for _ in 0..3 {
+            assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+        }
+        d.replace(&d.files.key, &next.key);
+        assert_eq!((m.version(), expiry_of(&m)), (1, both_until(2032)));
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_or_is_gone_keeps_the_last_good_material() {
+        let d = Dir::new();
+        d.install(&issue(2031));
+        let m = TlsMaterial::load(&d.files).unwrap();
+        let next = issue(2032);
+        d.replace(&d.files.ca, "-----BEGIN CERTIFICATE-----\ntruncat");
+        assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+        std::fs::remove_file(&d.files.key).unwrap();
+        assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+        d.install(&next);
+        assert_eq!((m.version(), expiry_of(&m)), (1, both_until(2032)));
+    }
+
+    #[test]
+    fn at_start_a_pair_that_does_not_match_is_an_error_naming_both_files() {
+        let d = Dir::new();
+        let (one, other) = (issue(2031), issue(2031));
+        d.install(&one);
+        d.replace(&d.files.key, &other.key);
+        let e = TlsMaterial::load(&d.files).expect_err("a mismatched pair");
+        let text = e.to_string();
+        assert!(
+            text.contains("tls.crt") && text.contains("tls.key"),
+            "{text}"
+        );
+        d.replace(&d.files.ca, "not PEM");
+        d.replace(&d.files.key, &one.key);
+        let text = TlsMaterial::load(&d.files).expect_err("no CA").to_string();
+        assert!(text.contains("ca.crt") && text.contains("no PEM"), "{text}");
     }
 }

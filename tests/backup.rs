@@ -930,7 +930,11 @@ async fn encrypted_round_trip(url: String, work: &Path) {
     let object = if url.starts_with("file://") {
         std::fs::read(stored_object(work, &m)).unwrap()
     } else {
-        Store::open(&url).unwrap().get(&m.db_object()).await.unwrap()
+        Store::open(&url)
+            .unwrap()
+            .get(&m.db_object())
+            .await
+            .unwrap()
     };
     assert!(
         !object.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),

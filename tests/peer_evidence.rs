@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::get;
@@ -130,18 +129,12 @@ async fn impostors_claiming_empty_volumes_cannot_trigger_a_bootstrap() {
     let tls = tokio::net::TcpListener::bind(report_addr(&set, 2))
         .await
         .unwrap();
-    let outsider = material(set.pki.as_ref().unwrap(), "outsider", "peer-ca").server_config();
+    let outsider = material(set.pki.as_ref().unwrap(), "outsider", "peer-ca");
     let body2 = empty_report("etcd-2");
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = axum::Router::new().route("/peer/report", get(move || async move { body2 }));
     let limits = etcd_steward::sidecar::server::Limits::default();
-    let impostor = etcd_steward::sidecar::server::serve(
-        tls,
-        Some(Arc::clone(&outsider)),
-        app,
-        limits,
-        stop_rx,
-    );
+    let impostor = etcd_steward::sidecar::server::serve(tls, Some(outsider), app, limits, stop_rx);
     tokio::spawn(impostor);
 
     let decision = set.dry_run(0).await.unwrap();

@@ -74,7 +74,8 @@ pub struct HttpReports {
     port: u16,
     /// Without peer TLS: the probe port, asked when the peer-report port refuses.
     fallback: Option<u16>,
-    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The peer TLS material, as its files hold it at each request.
+    tls: Option<crate::tls::TlsMaterial>,
     /// etcd's peer port, where `/version` is asked (over the peer TLS, when on).
     peer_port: u16,
 }
@@ -84,7 +85,7 @@ impl HttpReports {
         HttpReports {
             port: cfg.peer_report_port,
             fallback: cfg.peer_tls.is_none().then_some(cfg.http_port),
-            tls: cfg.peer_tls.as_ref().map(|t| t.client_config()),
+            tls: cfg.peer_tls.clone(),
             peer_port: cfg.identity.peer_port,
         }
     }
@@ -99,8 +100,12 @@ impl PeerReports for HttpReports {
         timeout: Duration,
     ) -> Result<PeerReport, String> {
         let addr = SocketAddr::new(ip, self.port);
+        let tls = self
+            .tls
+            .as_ref()
+            .map(crate::tls::TlsMaterial::client_config);
         match (
-            fetch_report(addr, host, name, self.tls.as_ref(), timeout).await,
+            fetch_report(addr, host, name, tls.as_ref(), timeout).await,
             self.fallback,
         ) {
             (Err(ReportError::Refused(_)), Some(port)) => {
@@ -121,10 +126,13 @@ impl PeerReports for HttpReports {
         timeout: Duration,
     ) -> Result<PeerVersion, String> {
         let addr = SocketAddr::new(ip, self.peer_port);
-        let (code, body) =
-            http_get::get_with(addr, host, "/version", timeout, 4096, self.tls.as_ref())
-                .await
-                .map_err(|e| e.to_string())?;
+        let tls = self
+            .tls
+            .as_ref()
+            .map(crate::tls::TlsMaterial::client_config);
+        let (code, body) = http_get::get_with(addr, host, "/version", timeout, 4096, tls.as_ref())
+            .await
+            .map_err(|e| e.to_string())?;
         if code != 200 {
             return Err(format!("/version answered {code}"));
         }

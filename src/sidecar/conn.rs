@@ -1,5 +1,7 @@
 //! The sidecar's connections, kept across ticks: one to the local member, and one per other
-//! member by DNS name, reopened when the name points at a new address (a rescheduled pod).
+//! member by DNS name, reopened when the name points at a new address (a rescheduled pod),
+//! and all reopened when the client TLS files rotated (an open channel would reconnect
+//! with the certificates it was opened with).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,11 +21,14 @@ pub struct Connections<D, C: Connector> {
     local: Option<C::Member>,
     /// Other members, by DNS name, with the address they were opened to.
     remotes: HashMap<String, (IpAddr, C::Member)>,
+    /// The connector's TLS material version the connections above were opened with.
+    tls_version: u64,
 }
 
 impl<D: Dns, C: Connector> Connections<D, C> {
     pub fn new(identity: Identity, local_ip: IpAddr, replicas: u32, dns: D, connector: C) -> Self {
         let top_ordinal = replicas.max(identity.ordinal + 1) + 2;
+        let tls_version = connector.tls_version();
         Connections {
             identity,
             local_ip,
@@ -32,11 +37,26 @@ impl<D: Dns, C: Connector> Connections<D, C> {
             connector,
             local: None,
             remotes: HashMap::new(),
+            tls_version,
+        }
+    }
+
+    /// Drops every connection once the TLS material changed since they were opened.
+    fn drop_if_tls_rotated(&mut self) {
+        let now = self.connector.tls_version();
+        if now != self.tls_version {
+            if self.local.is_some() || !self.remotes.is_empty() {
+                tracing::info!("the client TLS files changed: reconnecting to etcd with them");
+            }
+            self.tls_version = now;
+            self.local = None;
+            self.remotes.clear();
         }
     }
 
     /// The connection to this pod's member, opened on first use.
     pub async fn local(&mut self) -> Result<&C::Member, EtcdError> {
+        self.drop_if_tls_rotated();
         if self.local.is_none() {
             let id = &self.identity;
             let member = self
@@ -56,6 +76,7 @@ impl<D: Dns, C: Connector> Connections<D, C> {
 
     /// A connection to the member whose URL is `url`, resolving its name afresh.
     pub async fn remote(&mut self, url: &str) -> Option<&C::Member> {
+        self.drop_if_tls_rotated();
         let (host, port) = split_url(url)?;
         let ip = match host.parse::<IpAddr>() {
             Ok(ip) => ip,

@@ -32,7 +32,7 @@ use crate::etcd::Connector;
 use backup_round::BackupRounds;
 use conn::Connections;
 use health::{assess, Health};
-use http::metrics::{HealthMetrics, InitMetrics};
+use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
 use http::AppState;
 use observe::{HttpPeerProbe, Journal, Observation, PeerProbe};
 use plan::{Outcome, Planner, Step};
@@ -73,6 +73,10 @@ pub struct Sidecar<D, C: Connector, P> {
     vouch: watch::Sender<Option<crate::facts::Vouch>>,
     health_metrics: HealthMetrics,
     init_metrics: InitMetrics,
+    /// The client and peer TLS material (each tick looks at their files, so a rotation is
+    /// loaded, or a bad file logged, within a tick) and their expiry.
+    tls: Vec<crate::tls::TlsMaterial>,
+    certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
     /// With `--scale-in`: what the loop feeds the planner and tells the API's watcher.
@@ -200,6 +204,13 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             vouch: watch::channel(None).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
+            tls: cfg
+                .client_tls
+                .iter()
+                .chain(&cfg.peer_tls)
+                .cloned()
+                .collect(),
+            certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
             scale_in: None,
         }
@@ -217,6 +228,9 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
 
     /// One round: observe, assess, plan, execute. Returns how long to wait before the next.
     pub async fn tick(&mut self) -> Duration {
+        for material in &self.tls {
+            self.certificate_metrics.set(&material.expiry());
+        }
         let mut seen = observe::observe(
             &mut self.conn,
             &self.probe,
@@ -429,7 +443,8 @@ where
         reported: None,
     });
     state.control = control;
-    let peer_tls = cfg.peer_tls.as_ref().map(|t| t.server_config());
+    // The material, not a config: each handshake takes the files as they are then.
+    let peer_tls = cfg.peer_tls.clone();
     let on = match (&control_auth, &peer_tls) {
         (crate::control::ControlAuth::Off, _) => "off (neither peer TLS nor --control-token-file)",
         (crate::control::ControlAuth::Token(_), Some(_)) => "mutual TLS and the control token",

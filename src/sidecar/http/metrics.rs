@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use crate::facts::ActionKind;
 use crate::sidecar::health::{Health, Role};
+use crate::tls::CertExpiry;
 
 /// The exposition formats `/metrics` serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +246,39 @@ impl HealthMetrics {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FileLabel {
+    file: String,
+}
+
+/// When the certificates in use expire, by configured file (certificate and CA files of the
+/// client and peer TLS), as last (re)loaded.
+#[derive(Debug)]
+pub struct CertificateMetrics {
+    expiry: Family<FileLabel, Gauge>,
+}
+
+impl CertificateMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let expiry = Family::default();
+        registry.register(
+            "etcd_steward_certificate_expiry_timestamp_seconds",
+            "When the first certificate of each configured TLS file (a certificate file's leaf, a CA file's first CA) in use expires: its notAfter, Unix seconds",
+            expiry.clone(),
+        );
+        CertificateMetrics { expiry }
+    }
+
+    pub fn set(&self, expiry: &[CertExpiry]) {
+        for e in expiry {
+            let label = FileLabel {
+                file: e.file.display().to_string(),
+            };
+            self.expiry.get_or_create(&label).set(e.not_after);
+        }
+    }
+}
+
 /// The decisions `init` recorded in its journal on this volume, by action.
 #[derive(Debug)]
 pub struct InitMetrics {
@@ -322,6 +356,34 @@ mod tests {
         assert_eq!(
             text,
             "# HELP x_things_total Things.\n# TYPE x_things_total counter\nx_things_total 1\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn certificate_expiry_is_one_sample_per_file_and_follows_a_reload() -> Result<(), fmt::Error> {
+        let mut registry = Registry::default();
+        let m = CertificateMetrics::register(&mut registry);
+        let at = |file: &str, not_after| CertExpiry {
+            file: file.into(),
+            not_after,
+        };
+        m.set(&[
+            at("/tls/tls.crt", 1_900_000_000),
+            at("/tls/ca.crt", 2_000_000_000),
+        ]);
+        m.set(&[
+            at("/tls/tls.crt", 1_950_000_000),
+            at("/tls/ca.crt", 2_000_000_000),
+        ]);
+        let text = encode(&registry, Format::PrometheusText)?;
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            samples,
+            [
+                r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/tls.crt"} 1950000000"#,
+                r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/ca.crt"} 2000000000"#,
+            ]
         );
         Ok(())
     }

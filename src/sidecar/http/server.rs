@@ -3,13 +3,14 @@
 //! never the agent: headers must arrive within a few seconds and fit a small buffer, a
 //! whole exchange is bounded in time, and accept errors (e.g. out of descriptors) back off.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::tls::TlsMaterial;
 
 /// Limits every connection is held to.
 #[derive(Debug, Clone, Copy)]
@@ -35,16 +36,16 @@ impl Default for Limits {
     }
 }
 
-/// Serves `app` on `listener` until `stop` turns true; over TLS when `tls` is given (the
-/// config's client verifier decides who may connect).
+/// Serves `app` on `listener` until `stop` turns true; over mutual TLS when `tls` is given:
+/// each handshake presents the certificate its files hold then and admits only clients
+/// certified by the CA they hold then (rotated files are used from the next connection).
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<TlsMaterial>,
     app: axum::Router,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -58,7 +59,10 @@ pub async fn serve(
             },
             _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => return,
         };
-        let (acceptor, app) = (acceptor.clone(), app.clone());
+        let acceptor = tls
+            .as_ref()
+            .map(|m| tokio_rustls::TlsAcceptor::from(m.server_config()));
+        let app = app.clone();
         tokio::spawn(async move {
             let service = TowerToHyperService::new(app);
             let mut builder = hyper::server::conn::http1::Builder::new();
