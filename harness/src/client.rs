@@ -43,6 +43,14 @@ impl Clients {
         }
     }
 
+    /// Connects over `tls` from now on (the certificates were replaced); drops kept clients.
+    pub fn set_tls(&mut self, tls: Option<TlsOptions>) {
+        self.tls = tls;
+        if let Ok(mut m) = self.cache.lock() {
+            m.clear();
+        }
+    }
+
     /// Connection options with a call time-out of `timeout`.
     pub fn options(&self, timeout: Duration) -> ConnectOptions {
         let opts = ConnectOptions::new()

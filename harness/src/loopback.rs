@@ -732,6 +732,37 @@ impl Set {
         }
     }
 
+    /// Whether pod `o`'s sidecar process is still running.
+    pub fn sidecar_running(&mut self, o: u32) -> bool {
+        match self.pod_mut(o).sidecar.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// A new set of certificates for this set's names from new CAs, valid until `until`
+    /// (year, month, day), in `<root>/<name>` (install its files with [`Pki::replace_from`]).
+    pub fn renewed_pki(&self, name: &str, until: (i32, u8, u8)) -> Result<Pki> {
+        Pki::generate_until(
+            &self.root_path.join(name),
+            SERVICE,
+            "default",
+            DOMAIN,
+            Some(until),
+        )
+    }
+
+    /// The harness's own etcd clients connect with the certificates the set's files hold now
+    /// (after they were replaced).
+    pub fn reload_client_tls(&mut self) -> Result<()> {
+        let tls = match &self.pki {
+            Some(pki) => Some(pki.client_tls(&host(0))?),
+            None => None,
+        };
+        self.clients.set_tls(tls);
+        Ok(())
+    }
+
     /// Whether the etcd container's process (init or etcd) is still running.
     pub fn init_running(&mut self, o: u32) -> bool {
         match self.pod_mut(o).etcd.as_mut() {

@@ -27,8 +27,18 @@ fn write(path: PathBuf, pem: String) -> Result<()> {
     std::fs::write(&path, pem).map_err(Error::io(format!("writing {}", path.display())))
 }
 
-fn ca(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
+/// When the certificates of a set expire: rcgen's default (4096-01-01), or a date.
+type Until = Option<(i32, u8, u8)>;
+
+fn valid_until(params: &mut CertificateParams, until: Until) {
+    if let Some((year, month, day)) = until {
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+    }
+}
+
+fn ca(name: &str, until: Until) -> Result<CertifiedIssuer<'static, KeyPair>> {
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_failed)?;
+    valid_until(&mut params, until);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![
@@ -45,8 +55,10 @@ fn leaf(
     name: &str,
     sans: &[String],
     issuer: &CertifiedIssuer<'static, KeyPair>,
+    until: Until,
 ) -> Result<()> {
     let mut params = CertificateParams::new(sans.to_vec()).map_err(rcgen_failed)?;
+    valid_until(&mut params, until);
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
@@ -65,6 +77,18 @@ fn leaf(
 impl Pki {
     /// Writes `{client,peer}-ca.pem`, `{client,peer,outsider}.pem` and their keys.
     pub fn generate(dir: &Path, service: &str, namespace: &str, domain: &str) -> Result<Pki> {
+        Pki::generate_until(dir, service, namespace, domain, None)
+    }
+
+    /// As [`Pki::generate`], from CAs of its own, every certificate valid until `until`
+    /// (year, month, day; rcgen's 4096-01-01 when `None`): a renewal from a new CA.
+    pub fn generate_until(
+        dir: &Path,
+        service: &str,
+        namespace: &str,
+        domain: &str,
+        until: Until,
+    ) -> Result<Pki> {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         let sans = vec![
             format!("*.{service}.{namespace}.svc.{domain}"),
@@ -72,14 +96,14 @@ impl Pki {
             "localhost".to_string(),
             "127.0.0.1".to_string(),
         ];
-        let client_ca = ca("etcd client CA")?;
-        let peer_ca = ca("etcd peer CA")?;
-        let other_ca = ca("someone else's CA")?;
+        let client_ca = ca("etcd client CA", until)?;
+        let peer_ca = ca("etcd peer CA", until)?;
+        let other_ca = ca("someone else's CA", until)?;
         write(dir.join("client-ca.pem"), client_ca.pem())?;
         write(dir.join("peer-ca.pem"), peer_ca.pem())?;
-        leaf(dir, "client", &sans, &client_ca)?;
-        leaf(dir, "peer", &sans, &peer_ca)?;
-        leaf(dir, "outsider", &sans, &other_ca)?;
+        leaf(dir, "client", &sans, &client_ca, until)?;
+        leaf(dir, "peer", &sans, &peer_ca, until)?;
+        leaf(dir, "outsider", &sans, &other_ca, until)?;
         Ok(Pki {
             dir: dir.to_path_buf(),
         })
@@ -88,6 +112,16 @@ impl Pki {
     /// The path of one of the files, e.g. `peer-ca.pem`.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
+    }
+
+    /// Replaces this set's `file` (e.g. `peer-key.pem`) with `from`'s, as the kubelet
+    /// updates a Secret's files: a new file renamed over the old.
+    pub fn replace_from(&self, from: &Pki, file: &str) -> Result<()> {
+        let staged = self.path(&format!("..{file}.new"));
+        std::fs::copy(from.path(file), &staged)
+            .map_err(Error::io(format!("copying {}", from.path(file).display())))?;
+        std::fs::rename(&staged, self.path(file))
+            .map_err(Error::io(format!("replacing {}", self.path(file).display())))
     }
 
     /// The etcd-steward options that turn TLS on for clients and peers.
