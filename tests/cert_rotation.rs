@@ -164,11 +164,28 @@ async fn certificates_from_a_new_ca_are_used_by_the_running_sidecars_without_a_r
         );
     }
 
-    // etcd reads its trusted CA at start: it restarts with the new files (init reads them and
-    // asks its peers' sidecars for their reports over the new peer certificates).
+    // etcd reads its trusted CA only at start: it restarts with the new files. Down first,
+    // until every sidecar has seen it down, so that being ready again proves a connection
+    // made after the restart.
     for o in 0..3 {
         set.kill_etcd(o).await;
     }
+    wait_for_or(
+        Duration::from_secs(15),
+        "every sidecar to see its etcd down",
+        || async {
+            for o in 0..3 {
+                if set.ready(o).await {
+                    return false;
+                }
+            }
+            true
+        },
+        || set.dump(),
+    )
+    .await;
+    // init reads the new files and asks its peers' sidecars for their reports over the new
+    // peer certificates.
     for o in 0..3 {
         set.start_init(o).unwrap();
     }
