@@ -114,8 +114,14 @@ async fn certificates_from_a_new_ca_are_used_by_the_running_sidecars_without_a_r
             said[o as usize],
             "pod {o}: said once per change of the files, not at every tick"
         );
-        assert!(said[o as usize] <= 4, "pod {o}: at most once per file replaced");
-        assert!(set.ready(o).await, "pod {o} stays ready on its old material");
+        assert!(
+            said[o as usize] <= 4,
+            "pod {o}: at most once per file replaced"
+        );
+        assert!(
+            set.ready(o).await,
+            "pod {o} stays ready on its old material"
+        );
         for file in &watched {
             assert_eq!(
                 expiry(&set, o, file).await,
@@ -192,7 +198,10 @@ async fn certificates_from_a_new_ca_are_used_by_the_running_sidecars_without_a_r
     set.reload_client_tls().unwrap();
     set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     for o in 0..3 {
-        assert!(set.sidecar_running(o), "pod {o}: the sidecar never restarted");
+        assert!(
+            set.sidecar_running(o),
+            "pod {o}: the sidecar never restarted"
+        );
         assert_eq!(set.sidecar_pid(o), sidecars[o as usize], "pod {o}");
         assert!(
             set.read_logs(o, "sidecar")

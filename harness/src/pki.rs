@@ -120,8 +120,10 @@ impl Pki {
         let staged = self.path(&format!("..{file}.new"));
         std::fs::copy(from.path(file), &staged)
             .map_err(Error::io(format!("copying {}", from.path(file).display())))?;
-        std::fs::rename(&staged, self.path(file))
-            .map_err(Error::io(format!("replacing {}", self.path(file).display())))
+        std::fs::rename(&staged, self.path(file)).map_err(Error::io(format!(
+            "replacing {}",
+            self.path(file).display()
+        )))
     }
 
     /// The etcd-steward options that turn TLS on for clients and peers.
