@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,7 +63,7 @@ async fn report_status(set: &Set, o: u32, tls: &Arc<rustls::ClientConfig>) -> Op
 }
 
 /// Pod `o`'s `etcd_steward_certificate_expiry_timestamp_seconds` for `file`.
-async fn expiry(set: &Set, o: u32, file: &PathBuf) -> Option<f64> {
+async fn expiry(set: &Set, o: u32, file: &Path) -> Option<f64> {
     let (_, text) = set.http(o, "/metrics").await?;
     let series = format!(
         "etcd_steward_certificate_expiry_timestamp_seconds{{file=\"{}\"}}",
