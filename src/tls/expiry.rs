@@ -165,6 +165,33 @@ mod tests {
         }
     }
 
+    /// A certificate's DER, by hand: an empty algorithm, issuer and signature, validity
+    /// 2030-01-02 01:02:03 to 2031-01-02 01:02:03 (UTCTime), with or without a version.
+    fn by_hand(v3: bool) -> Vec<u8> {
+        let wrap = |tag: u8, content: &[u8]| {
+            let mut out = vec![tag, u8::try_from(content.len()).unwrap()];
+            out.extend_from_slice(content);
+            out
+        };
+        let mut validity = wrap(UTC_TIME, b"300102010203Z");
+        validity.extend(wrap(UTC_TIME, b"310102010203Z"));
+        let mut tbs = Vec::new();
+        if v3 {
+            tbs.extend(wrap(VERSION, &[0x02, 0x01, 0x02]));
+        }
+        tbs.extend([0x02, 0x01, 0x01, SEQUENCE, 0x00, SEQUENCE, 0x00]);
+        tbs.extend(wrap(SEQUENCE, &validity));
+        let mut certificate = wrap(SEQUENCE, &tbs);
+        certificate.extend([SEQUENCE, 0x00, 0x03, 0x01, 0x00]);
+        wrap(SEQUENCE, &certificate)
+    }
+
+    #[test]
+    fn a_v1_certificate_without_a_version_field_is_read_too() {
+        assert_eq!(not_after(&by_hand(true)), Some(1_925_082_123));
+        assert_eq!(not_after(&by_hand(false)), Some(1_925_082_123));
+    }
+
     #[test]
     fn what_is_not_a_certificate_has_no_expiry() {
         let der = certificate_until((2030, 1, 2), Duration::ZERO);
