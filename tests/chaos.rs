@@ -35,7 +35,7 @@ const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const WAIT: Duration = Duration::from_secs(60);
 const FAULTS: usize = 7;
 const RESULTS_HEADER: &str =
-    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\tgenerator\n";
+    "# seed\tfaults\tacknowledged\tlost\tlongest_refusal_ms\tcluster_ids\tverdict\tetcd\tgenerator\tunexplained_refusal_ms\n";
 /// The generation of `Schedule::generate` (1: no partitions, full disks, backups or
 /// defragmentation; lines without the column). A seed replays its schedule only under the
 /// generator that wrote its line.
@@ -148,6 +148,7 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
     let mut backups_ok_during_faults = 0;
     for (seed, etcd) in FIXED_SEEDS {
         let (o, failure) = one_schedule(*seed, *etcd).await;
+        eprintln!("CALIB seed {seed}: refusals {:?}\nCALIB played {:?}\nCALIB explained {:?}", o.writes.refusals, o.played, o.explained());
         if Schedule::generate(*seed, 3, FAULTS, SPAN).defrag {
             defrags += o.defrags;
         }
@@ -168,10 +169,19 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
             o.sentinels >= 3,
             "seed {seed}: every live data directory got a sentinel"
         );
+        assert!(
+            o.wal_records >= 3,
+            "seed {seed}: every pod's WAL was recorded before the faults"
+        );
+        let u = o.unexplained();
         eprintln!(
-            "seed {seed} on {etcd:?}: {} ({} sentinels checked, {} ENOSPC log lines, {} defragmentations, backups {:?})",
+            "seed {seed} on {etcd:?}: {} (longest unexplained refusal {:?}, of the refusal from {:?} to {:?}; {} sentinels and {} WAL records checked, {} ENOSPC log lines, {} defragmentations, backups {:?})",
             o.tsv_line(),
+            u.length,
+            u.refusal.0,
+            u.refusal.1,
             o.sentinels,
+            o.wal_records,
             o.enospc_lines,
             o.defrags,
             o.backups
@@ -310,7 +320,14 @@ async fn open_ended_schedules_append_to_the_results_file() {
             .append(true)
             .open(path)
             .unwrap();
-        writeln!(f, "{}\t{etcd:?}\t{generator}", o.tsv_line()).unwrap();
+        // The longest unexplained refusal last: lines written before it have 9 columns.
+        writeln!(
+            f,
+            "{}\t{etcd:?}\t{generator}\t{}",
+            o.tsv_line(),
+            o.unexplained().length.as_millis()
+        )
+        .unwrap();
         if let Some(failure) = failure {
             panic!("{failure}");
         }
