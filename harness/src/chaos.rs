@@ -1308,9 +1308,10 @@ mod tests {
         assert_eq!(failed.error, "no leader: etcd-1 paused");
     }
 
-    #[test]
-    fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
-        let clean = Outcome {
+    /// An outcome the checker finds nothing wrong with: one refusal of writes, explained by
+    /// nothing but short enough.
+    fn clean() -> Outcome {
+        Outcome {
             seed: 1,
             faults: 3,
             writes: WriterReport {
@@ -1345,7 +1346,12 @@ mod tests {
             wal_records: 3,
             wal_missing: vec![],
             disaster: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
+        let clean = clean();
         assert!(clean.violations().is_empty());
         assert!(clean.tsv_line().ends_with("\tok"));
         let mut bad = clean.clone();
@@ -1423,6 +1429,81 @@ mod tests {
         std::fs::create_dir_all(vol(0).join("member")).unwrap();
         s.plant(0, &vol(0));
         assert_eq!(s.count(), 4);
+    }
+
+    #[test]
+    fn a_refusal_is_explained_only_by_the_faults_it_overlaps_and_their_cost_after_healing() {
+        let secs = |s: f64| Duration::from_secs_f64(s);
+        let ev = |at: f64, lasts: f64, fault| Event {
+            at: secs(at),
+            lasts: secs(lasts),
+            fault,
+        };
+        let played = vec![
+            ev(5.0, 1.0, Fault::RestartAll(vec![0, 1, 2])),
+            ev(20.0, 3.0, Fault::KillSidecar(1)),
+            ev(30.0, 2.0, Fault::Pause(2)),
+        ];
+        let restart_ends = 6.0 + Fault::RestartAll(vec![]).cost().as_secs_f64();
+        let windows = explained(&played, Duration::ZERO);
+        // A killed sidecar refuses no write: it explains nothing.
+        assert_eq!(windows.len(), 2, "{windows:?}");
+        assert_eq!(windows[0], (secs(5.0), secs(restart_ends)));
+        // Within the restart's window, nothing is unexplained; ten seconds past it, ten.
+        assert_eq!(
+            uncovered(secs(5.1), secs(restart_ends), &windows),
+            Duration::ZERO
+        );
+        let late = uncovered(secs(5.1), secs(restart_ends + 10.0), &windows);
+        assert_eq!(late, secs(10.0));
+        // Overlapping windows count once; a gap between them is unexplained.
+        let both = [
+            (secs(0.0), secs(4.0)),
+            (secs(2.0), secs(6.0)),
+            (secs(8.0), secs(9.0)),
+        ];
+        assert_eq!(uncovered(secs(1.0), secs(10.0), &both), secs(3.0));
+        // During the sidecar's kill, writes refused are unexplained.
+        assert_eq!(uncovered(secs(20.0), secs(23.0), &windows), secs(3.0));
+
+        let mut o = Outcome { played, ..clean() };
+        o.writes.refusals = vec![(secs(5.0), secs(restart_ends)), (secs(30.5), secs(33.0))];
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        assert_eq!(o.unexplained().length, Duration::ZERO);
+        // The restart of every pod stalls writes ten seconds longer (a restart path that
+        // waits on its silent peers): flagged, and published.
+        o.writes.refusals[0].1 += secs(10.0);
+        let u = o.unexplained();
+        assert_eq!(u.length, secs(10.0));
+        assert_eq!(u.refusal.0, secs(5.0));
+        let v = o.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("explained by no fault"), "{v:?}");
+        // A disaster's window (the recovery bound and the time held) explains it.
+        o.disaster_window = Some((secs(10.0), secs(200.0)));
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        // Up to the bound, unexplained refusal is tolerated.
+        o.disaster_window = None;
+        o.writes.refusals[0].1 = secs(restart_ends) + UNEXPLAINED_BOUND;
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.writes.refusals[0].1 += Duration::from_millis(1);
+        assert_eq!(o.violations().len(), 1);
+    }
+
+    #[test]
+    fn a_wal_deleted_beside_a_kept_folder_is_a_violation() {
+        let mut o = clean();
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.wal_missing.push((
+            1,
+            "WAL [\"0000000000000000-0000000000000000.wal\"] ... is gone".into(),
+        ));
+        let v = o.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("pod 1") && v[0].contains("deleted, not set aside"),
+            "{v:?}"
+        );
     }
 
     #[test]

@@ -175,7 +175,12 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
                 }
                 let at = started.elapsed();
                 let heal = apply_fault(c, &e.fault, &mut held).await;
-                pending.push((started.elapsed() + e.lasts, heal, e.fault.pod(), played.len()));
+                pending.push((
+                    started.elapsed() + e.lasts,
+                    heal,
+                    e.fault.pod(),
+                    played.len(),
+                ));
                 // A withdrawn name is a cut here (see apply_fault).
                 let fault = match e.fault {
                     Fault::WithdrawDns(o) => Fault::Partition(o),

@@ -88,7 +88,10 @@ impl DataSeen {
                 None if purgeable => {}
                 None => return Some(format!("{} ({} bytes) is gone", f.name, f.size)),
                 Some(n) if n.head != f.head => {
-                    return Some(format!("{} is another segment now (its first bytes differ)", f.name))
+                    return Some(format!(
+                        "{} is another segment now (its first bytes differ)",
+                        f.name
+                    ))
                 }
                 Some(n) if i < newest && n.size != f.size => {
                     return Some(format!(
@@ -205,5 +208,119 @@ impl WalRecords {
             ));
         }
         missing
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const FIRST: &str = "0000000000000000-0000000000000000.wal";
+    const SECOND: &str = "0000000000000001-00000000000000a0.wal";
+
+    /// A segment of `len` bytes whose first bytes say `member`.
+    fn segment(path: &Path, member: u8, len: usize) {
+        let mut bytes = vec![member; HEAD];
+        bytes.resize(len, 0);
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    /// A live data directory: a closed segment, the newest one, and a database.
+    fn data(volume: &Path, member: u8) {
+        let wal = volume.join("member/wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::create_dir_all(volume.join("member/snap")).unwrap();
+        segment(&wal.join(FIRST), member, 1000);
+        segment(&wal.join(SECOND), member + 1, 4096);
+        std::fs::write(volume.join("member/snap/db"), vec![1; 300]).unwrap();
+        std::fs::write(wal.join("0.tmp"), vec![0; 4096]).unwrap();
+    }
+
+    #[test]
+    fn wal_files_set_aside_are_found_and_wal_files_deleted_beside_a_kept_folder_are_missing() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = |o: u32| root.path().join(format!("pod-{o}"));
+        let mut r = WalRecords::default();
+        for o in 0..4 {
+            r.record(o, &vol(o)); // nothing yet: nothing recorded
+            data(&vol(o), 10 * o as u8 + 1);
+            r.record(o, &vol(o));
+            r.record(o, &vol(o)); // the same again: one record
+        }
+        assert_eq!(r.count(), 4);
+        assert!(r.missing(vol).is_empty(), "{:?}", r.missing(vol));
+        // Pod 0's data set aside the way the agent does it, and a new member's data live,
+        // with a segment of the same name.
+        std::fs::create_dir_all(vol(0).join("set-aside/7-removed-member")).unwrap();
+        std::fs::rename(
+            vol(0).join("member"),
+            vol(0).join("set-aside/7-removed-member/member"),
+        )
+        .unwrap();
+        data(&vol(0), 99);
+        // Pod 1's WAL and database deleted, its folder kept (a sentinel there survives).
+        std::fs::remove_dir_all(vol(1).join("member/wal")).unwrap();
+        std::fs::remove_dir_all(vol(1).join("member/snap")).unwrap();
+        std::fs::create_dir_all(vol(1).join("member/wal")).unwrap();
+        // Pod 2's newest segment cut short by etcd (it truncates a segment when it cuts the
+        // next), its database defragmented smaller: both as etcd may leave them.
+        let wal2 = vol(2).join("member/wal");
+        segment(&wal2.join(SECOND), 22, 2000);
+        std::fs::write(vol(2).join("member/snap/db"), vec![1; 100]).unwrap();
+        // Pod 3's volume lost on purpose.
+        std::fs::remove_dir_all(vol(3)).unwrap();
+        r.volume_lost(3);
+        let missing = r.missing(vol);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert_eq!(missing[0].0, 1);
+        assert!(missing[0].1.contains(FIRST), "{missing:?}");
+        // The new live data of pod 0 is recorded in turn.
+        r.record(0, &vol(0));
+        assert_eq!(r.count(), 4);
+    }
+
+    #[test]
+    fn a_closed_segment_changed_a_segment_replaced_or_a_database_gone_is_missing() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = |o: u32| root.path().join(format!("pod-{o}"));
+        let mut r = WalRecords::default();
+        for o in 0..3 {
+            data(&vol(o), 1);
+            r.record(o, &vol(o));
+        }
+        // A closed segment is never written again.
+        segment(&vol(0).join("member/wal").join(FIRST), 1, 500);
+        // Another member's segment of the same name (a volume emptied and joined again).
+        segment(&vol(1).join("member/wal").join(SECOND), 77, 4096);
+        // The database gone from beside the WAL.
+        std::fs::remove_file(vol(2).join("member/snap/db")).unwrap();
+        let missing: Vec<u32> = r.missing(vol).into_iter().map(|(o, _)| o).collect();
+        assert_eq!(missing, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_segment_is_excused_only_where_etcd_could_have_purged_it() {
+        let root = tempfile::tempdir().unwrap();
+        let vol = |o: u32| root.path().join(format!("pod-{o}"));
+        let mut r = WalRecords::default();
+        for o in 0..2 {
+            data(&vol(o), 1);
+            r.record(o, &vol(o));
+        }
+        // Pod 0: five segments newer than the first, which etcd then purged; pod 1: four.
+        for (o, newer) in [(0u32, 5u64), (1, 4)] {
+            let wal = vol(o).join("member/wal");
+            for k in 0..newer - 1 {
+                segment(
+                    &wal.join(format!("{:016x}-{:016x}.wal", k + 2, 0x100 * k)),
+                    3,
+                    10,
+                );
+            }
+            std::fs::remove_file(wal.join(FIRST)).unwrap();
+        }
+        let missing: Vec<u32> = r.missing(vol).into_iter().map(|(o, _)| o).collect();
+        assert_eq!(missing, vec![1]);
     }
 }

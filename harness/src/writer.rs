@@ -203,9 +203,7 @@ async fn write_loop(
                     .push(revision);
                 let now = Instant::now();
                 if now - last_ack > REFUSAL {
-                    report
-                        .refusals
-                        .push((last_ack - started, now - started));
+                    report.refusals.push((last_ack - started, now - started));
                 }
                 if now - last_ack > report.max_gap {
                     report.max_gap = now - last_ack;
