@@ -5,8 +5,10 @@
 //! [`Writer`], heals everything, and [`Outcome::violations`] says what went wrong: an
 //! acknowledged write missing from a linearizable read through any member, more than one
 //! cluster ID, a member ID reused after its volume was lost, a member whose volume was never
-//! lost that is no longer the same member, a pod not back as a ready voter in time, or writes
-//! refused for longer than the faults explain.
+//! lost that is no longer the same member, a pod not back as a ready voter in time, data
+//! deleted rather than set aside (a sentinel, or a WAL segment recorded before a fault:
+//! [`crate::wal_kept`]), or writes refused for longer than each fault, with its cost after
+//! healing, explains ([`Fault::cost`], [`Outcome::unexplained`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
