@@ -8,9 +8,12 @@
 # apart, each, on a line of their own, and in neither figure above: their
 # outages are the disaster's, and after every volume is lost the writes acknowledged after
 # the newest backup are lost by design ("lost" counts only writes that had to survive).
+# The last line: the longest refusal of writes that no fault explained (column 10, absent on
+# lines written before it existed), over every generator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 awk -F'\t' '!/^#/ && NF >= 7 {
+  if (NF >= 10) { nu++; if ($10 > mu) mu = $10 }
   if (NF >= 9 && $9 == 4) {
     n4++; f4 += $2; a4 += $3; l4 += $4; if ($5 > m4) m4 = $5; if ($6 != 1) s4++; if ($7 != "ok") x4++
     next
@@ -26,4 +29,5 @@ awk -F'\t' '!/^#/ && NF >= 7 {
   printf "of which with partitions, full disks, backups and defragmentation (generator 2): schedules %d, faults %d, acknowledged writes %d, lost %d, split clusters %d, failed schedules %d\n", n2, f2, a2, l2, s2, x2
   printf "disasters (generator 3, counted apart): schedules %d, faults and disasters %d, acknowledged writes %d, lost of those that had to survive %d, split clusters %d, failed schedules %d, longest refusal of writes %.1f s\n", n3, f3, a3, l3, s3, x3, m3 / 1000
   printf "disasters with a wrong backup key among them (generator 4, counted apart): schedules %d, faults and disasters %d, acknowledged writes %d, lost of those that had to survive %d, split clusters %d, failed schedules %d, longest refusal of writes %.1f s\n", n4, f4, a4, l4, s4, x4, m4 / 1000
+  printf "longest refusal of writes no fault explained (column 10, schedules since it exists: %d): %.1f s\n", nu, mu / 1000
 }' chaos-results.tsv

@@ -5,8 +5,10 @@
 //! [`Writer`], heals everything, and [`Outcome::violations`] says what went wrong: an
 //! acknowledged write missing from a linearizable read through any member, more than one
 //! cluster ID, a member ID reused after its volume was lost, a member whose volume was never
-//! lost that is no longer the same member, a pod not back as a ready voter in time, or writes
-//! refused for longer than the faults explain.
+//! lost that is no longer the same member, a pod not back as a ready voter in time, data
+//! deleted rather than set aside (a sentinel, or a WAL segment recorded before a fault:
+//! [`crate::wal_kept`]), or writes refused for longer than each fault, with its cost after
+//! healing, explains ([`Fault::cost`], [`Outcome::unexplained`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -18,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::disaster::{Disaster, DisasterSeen};
 use crate::loopback::Set;
+use crate::wal_kept::WalRecords;
 use crate::writer::{Writer, WriterReport};
 
 /// A deterministic pseudo-random sequence (SplitMix64): a schedule depends on its seed only.
@@ -360,6 +363,12 @@ pub struct Outcome {
     /// Sentinels planted in a pod's live data that are nowhere on its volume any more (not
     /// live, not set aside) although the schedule never lost that volume: data deleted.
     pub deleted: Vec<(u32, String)>,
+    /// How many records of a pod's WAL files (taken before each fault) were checked.
+    pub wal_records: usize,
+    /// WAL files recorded in a pod's live data before a fault that no data directory on its
+    /// volume holds any more (live or set aside) although the schedule never lost that
+    /// volume: data deleted ([`crate::wal_kept`]).
+    pub wal_missing: Vec<(u32, String)>,
     /// Lines of the pods' logs (etcd's and the agent's) that report ENOSPC: evidence that a
     /// filled disk was felt.
     pub enospc_lines: usize,
@@ -368,8 +377,15 @@ pub struct Outcome {
     /// Defragmentations the sidecars counted (`etcd_steward_defrag_total`, read about once
     /// a second and summed over sidecar restarts: at least this many).
     pub defrags: u64,
-    /// The longest stretch the faults explain.
-    pub explained_outage: Duration,
+    /// The faults as played: `at` when applied and `lasts` until healed, since the run
+    /// started (a lost volume waits for every copy, so the schedule's times are not these).
+    pub played: Vec<Event>,
+    /// What the runner adds to every fault's cost (a container takes longer to start than
+    /// a process).
+    pub slack: Duration,
+    /// From the disaster's strike until the recovery bound plus the time the pods were held
+    /// on purpose: the disaster's own bound on refused writes.
+    pub disaster_window: Option<(Duration, Duration)>,
     /// What generator 3's disaster left (`None`: the schedule had none).
     pub disaster: Option<DisasterSeen>,
 }
@@ -447,9 +463,82 @@ impl BackupTaken {
     }
 }
 
-/// How much longer than a quorum loss writes may be refused: an election, a restart and a
-/// client's back-off.
-pub const OUTAGE_SLACK: Duration = Duration::from_secs(15);
+/// etcd's election: its election timeout (1 s by default) randomized up to twice that, so
+/// a fault that takes the leader down refuses writes this long before a new one leads.
+pub const ELECTION: Duration = Duration::from_secs(2);
+
+/// A write in flight to a member that accepts and never answers (paused, cut off, without a
+/// leader) is given up by the writer after 2.5 s; it then turns to the next pod.
+pub const HUNG_WRITE: Duration = Duration::from_millis(2500);
+
+/// A killed pod back on its volume: `init`'s rounds (its own DNS name, its sidecar's report,
+/// 30 ms for a cluster that vouched for the volume), one back-off step of a round that waited,
+/// and etcd replaying its WAL before it serves.
+pub const RESTART: Duration = Duration::from_millis(2500);
+
+/// Writes refused that no fault explains (beyond every fault's cost: [`Fault::cost`]) are a
+/// violation past this: the writer's own rhythm and a defragmentation or a snapshot on a
+/// busy machine.
+pub const UNEXPLAINED_BOUND: Duration = Duration::from_millis(1500);
+
+impl Fault {
+    /// How long after it is healed the fault still explains writes refused: an election
+    /// when it can take the leader down, a write hung on it, and a restart when its pods
+    /// start again. While it lasts, every fault that takes a pod down explains refusals (a
+    /// write may hang on that pod, the pod may have led).
+    pub fn cost(&self) -> Duration {
+        match self {
+            Fault::KillSidecar(_) | Fault::Backup(_) => Duration::ZERO,
+            // The pod keeps running; a peer dialing its name again fails: it may lose the
+            // leadership.
+            Fault::WithdrawDns(_) => ELECTION,
+            Fault::Pause(_) | Fault::Partition(_) | Fault::FillDisk(_) => ELECTION + HUNG_WRITE,
+            Fault::KillPod(_) | Fault::LoseVolume(_) | Fault::RestartAll(_) => {
+                RESTART + ELECTION + HUNG_WRITE
+            }
+        }
+    }
+}
+
+/// The stretches of time (since the run started) during which the faults as played (`at`
+/// when applied, `lasts` until healed) explain writes refused: each fault from when it was
+/// applied until its [`Fault::cost`] after it was healed, plus `slack`.
+pub fn explained(played: &[Event], slack: Duration) -> Vec<(Duration, Duration)> {
+    played
+        .iter()
+        .filter(|e| e.fault.cost() > Duration::ZERO)
+        .map(|e| (e.at, e.at + e.lasts + e.fault.cost() + slack))
+        .collect()
+}
+
+/// How much of `[from, to)` none of `windows` covers.
+pub fn uncovered(from: Duration, to: Duration, windows: &[(Duration, Duration)]) -> Duration {
+    let mut parts: Vec<(Duration, Duration)> = windows
+        .iter()
+        .map(|(a, b)| ((*a).max(from), (*b).min(to)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    parts.sort();
+    let mut covered = Duration::ZERO;
+    let mut reach = from;
+    for (a, b) in parts {
+        let a = a.max(reach);
+        if b > a {
+            covered += b - a;
+            reach = b;
+        }
+    }
+    (to - from).saturating_sub(covered)
+}
+
+/// The longest refusal no fault explains, and which refusal it was part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unexplained {
+    /// How much of the refusal no fault explains.
+    pub length: Duration,
+    /// The refusal (since the run started).
+    pub refusal: (Duration, Duration),
+}
 
 impl Outcome {
     /// Acknowledged writes lost (the most any member lacks).
@@ -515,19 +604,41 @@ impl Outcome {
                 "pod {o}'s data directory was deleted, not set aside: sentinel {name} planted in its live data is nowhere on its volume"
             ));
         }
+        for (o, what) in &self.wal_missing {
+            v.push(format!("pod {o}'s data was deleted, not set aside: {what}"));
+        }
         if let Some(d) = &self.disaster {
             v.extend(d.violations(&self.writes));
         }
-        if self.writes.max_gap > self.explained_outage + OUTAGE_SLACK {
+        let u = self.unexplained();
+        if u.length > UNEXPLAINED_BOUND {
             v.push(format!(
-                "writes refused for {:?} (ending {:?} after the start; last error: {}), the faults explain {:?}",
-                self.writes.max_gap,
-                self.writes.max_gap_at,
-                self.writes.last_error,
-                self.explained_outage
+                "writes refused from {:?} to {:?} after the start, {:?} of it explained by no fault (each fault explains its duration and its cost after healing; at most {UNEXPLAINED_BOUND:?} unexplained; last error: {})",
+                u.refusal.0, u.refusal.1, u.length, self.writes.last_error
             ));
         }
         v
+    }
+
+    /// The stretches the faults (and the disaster) explain.
+    pub fn explained(&self) -> Vec<(Duration, Duration)> {
+        let mut w = explained(&self.played, self.slack);
+        w.extend(self.disaster_window);
+        w
+    }
+
+    /// The longest part of a refusal of writes that no fault explains.
+    pub fn unexplained(&self) -> Unexplained {
+        let windows = self.explained();
+        self.writes
+            .refusals
+            .iter()
+            .map(|&(from, to)| Unexplained {
+                length: uncovered(from, to, &windows),
+                refusal: (from, to),
+            })
+            .max_by_key(|u| u.length)
+            .unwrap_or_default()
     }
 
     /// One line of the results file: seed, faults, acknowledged, lost, longest refusal (ms),
@@ -721,14 +832,17 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     for o in &pods {
         ids_before.push(set.member_id(*o).await.ok());
     }
-    let writer = Writer::start(pods.iter().map(|o| set.client_url(*o)).collect());
+    // The writer's times and the faults' count from the same start.
     let started = Instant::now();
-    let mut pending: Vec<(Duration, Heal)> = Vec::new();
+    let writer = Writer::start(pods.iter().map(|o| set.client_url(*o)).collect());
+    let mut pending: Vec<(Duration, Heal, usize)> = Vec::new();
+    let mut played: Vec<Event> = Vec::new();
     let mut paused: Vec<(u32, u32)> = Vec::new();
     let mut lost_ids: Vec<u64> = Vec::new();
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
     let mut applied = 0;
     let mut sentinels = Sentinels::new(schedule.seed);
+    let mut wals = WalRecords::default();
     let store = crate::disaster::store_url(set);
     // A disaster schedule's pods carry the store in their options already.
     let backup_args: Vec<&str> = match schedule.disaster {
@@ -749,10 +863,11 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             next_sample = now + Duration::from_secs(1);
         }
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
-        pending.sort_by_key(|(t, _)| *t);
-        while pending.first().is_some_and(|(t, _)| *t <= now) {
-            let (_, heal) = pending.remove(0);
+        pending.sort_by_key(|(t, _, _)| *t);
+        while pending.first().is_some_and(|(t, _, _)| *t <= now) {
+            let (_, heal, i) = pending.remove(0);
             apply_heal(set, heal, &mut paused);
+            played[i].lasts = started.elapsed().saturating_sub(played[i].at);
         }
         if let Some(e) = events.peek() {
             if e.at <= now {
@@ -778,19 +893,26 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                     }
                     continue;
                 }
+                for o in &pods {
+                    wals.record(*o, set.data_dir(*o));
+                }
                 let o = e.fault.pod();
                 if let Some(o) = o {
                     if matches!(e.fault, Fault::LoseVolume(_)) {
-                        if let Ok(id) = set.member_id(o).await {
-                            lost_ids.push(id);
-                        }
+                        // Its member may not answer just now (its etcd paused a moment
+                        // ago, no leader): the ID seen before the fault is the one lost.
+                        let id = set.member_id(o).await.ok().or(ids_before[o as usize]);
+                        lost_ids.extend(id);
+                        wals.volume_lost(o);
                         // Lost whether or not its member answered just now.
                         wiped.insert(o);
                         sentinels.volume_lost(o);
                     }
                 }
+                let at = started.elapsed();
                 let heal = apply_fault(set, &e.fault, &mut paused).await;
-                pending.push((started.elapsed() + e.lasts, heal));
+                pending.push((started.elapsed() + e.lasts, heal, played.len()));
+                played.push(Event { at, ..e });
                 applied += 1;
                 continue;
             }
@@ -802,12 +924,24 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Generator 3: the disaster, once every fault is healed.
+    let struck_at = started.elapsed();
     let struck = match &schedule.disaster {
         Some(d) => {
+            // The members the disaster loses, as they are before it (a pod whose volume a
+            // fault lost is another member by now), for when they do not answer then.
+            let mut ids = ids_before.clone();
+            for o in &pods {
+                wals.record(*o, set.data_dir(*o));
+                if let Ok(id) = set.member_id(*o).await {
+                    ids[*o as usize] = Some(id);
+                }
+            }
             let struck = crate::disaster::strike(set, d, &writer).await;
             for o in d.wiped(schedule.pods) {
                 wiped.insert(o);
                 sentinels.volume_lost(o);
+                wals.volume_lost(o);
+                lost_ids.extend(ids[o as usize]);
             }
             lost_ids.extend(&struck.lost_ids);
             applied += 1;
@@ -875,7 +1009,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             _ => {}
         }
     }
-    let mut explained_outage = schedule.longest_quorum_loss();
+    let mut disaster_window = None;
     let disaster = match struck {
         Some(mut struck) => {
             backups.extend(struck.backup.take());
@@ -886,12 +1020,13 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             // From the kill until every pod is back, writes are refused: the recovery
             // bound is what the disaster explains, and the time the pods had the wrong
             // key on purpose.
-            explained_outage = explained_outage.max(RECOVERY_BOUND + held);
+            disaster_window = Some((struck_at, struck_at + RECOVERY_BOUND + held));
             Some(seen)
         }
         None => None,
     };
     let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
+    let wal_missing = wals.missing(|o| set.data_dir(o).to_path_buf());
     let mut enospc_lines = 0;
     for o in &pods {
         let logs = set.logs(*o);
@@ -915,10 +1050,14 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         recovered,
         sentinels: sentinels.count(),
         deleted,
+        wal_records: wals.count(),
+        wal_missing,
         enospc_lines,
         backups,
         defrags: defrags.total(),
-        explained_outage,
+        played,
+        slack: Duration::ZERO,
+        disaster_window,
         disaster,
     }
 }
@@ -1171,9 +1310,10 @@ mod tests {
         assert_eq!(failed.error, "no leader: etcd-1 paused");
     }
 
-    #[test]
-    fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
-        let clean = Outcome {
+    /// An outcome the checker finds nothing wrong with: one refusal of writes, explained by
+    /// nothing but short enough.
+    fn clean() -> Outcome {
+        Outcome {
             seed: 1,
             faults: 3,
             writes: WriterReport {
@@ -1181,6 +1321,7 @@ mod tests {
                 failures: 2,
                 max_gap: Duration::from_secs(1),
                 max_gap_at: Duration::from_secs(3),
+                refusals: vec![(Duration::from_secs(2), Duration::from_secs(3))],
                 last_error: String::new(),
                 revisions: vec![],
             },
@@ -1201,9 +1342,18 @@ mod tests {
                 cluster: Some(9),
                 error: String::new(),
             }],
-            explained_outage: Duration::ZERO,
+            played: vec![],
+            slack: Duration::ZERO,
+            disaster_window: None,
+            wal_records: 3,
+            wal_missing: vec![],
             disaster: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
+        let clean = clean();
         assert!(clean.violations().is_empty());
         assert!(clean.tsv_line().ends_with("\tok"));
         let mut bad = clean.clone();
@@ -1211,6 +1361,9 @@ mod tests {
         bad.clusters.insert(10);
         bad.reused_ids.push(0xabc);
         bad.writes.max_gap = Duration::from_secs(30);
+        bad.writes
+            .refusals
+            .push((Duration::from_secs(5), Duration::from_secs(35)));
         let v = bad.violations();
         assert_eq!(v.len(), 4, "{v:?}");
         assert_eq!(bad.lost(), 4);
@@ -1278,6 +1431,81 @@ mod tests {
         std::fs::create_dir_all(vol(0).join("member")).unwrap();
         s.plant(0, &vol(0));
         assert_eq!(s.count(), 4);
+    }
+
+    #[test]
+    fn a_refusal_is_explained_only_by_the_faults_it_overlaps_and_their_cost_after_healing() {
+        let secs = |s: f64| Duration::from_secs_f64(s);
+        let ev = |at: f64, lasts: f64, fault| Event {
+            at: secs(at),
+            lasts: secs(lasts),
+            fault,
+        };
+        let played = vec![
+            ev(5.0, 1.0, Fault::RestartAll(vec![0, 1, 2])),
+            ev(20.0, 3.0, Fault::KillSidecar(1)),
+            ev(30.0, 2.0, Fault::Pause(2)),
+        ];
+        let restart_ends = 6.0 + Fault::RestartAll(vec![]).cost().as_secs_f64();
+        let windows = explained(&played, Duration::ZERO);
+        // A killed sidecar refuses no write: it explains nothing.
+        assert_eq!(windows.len(), 2, "{windows:?}");
+        assert_eq!(windows[0], (secs(5.0), secs(restart_ends)));
+        // Within the restart's window, nothing is unexplained; ten seconds past it, ten.
+        assert_eq!(
+            uncovered(secs(5.1), secs(restart_ends), &windows),
+            Duration::ZERO
+        );
+        let late = uncovered(secs(5.1), secs(restart_ends + 10.0), &windows);
+        assert_eq!(late, secs(10.0));
+        // Overlapping windows count once; a gap between them is unexplained.
+        let both = [
+            (secs(0.0), secs(4.0)),
+            (secs(2.0), secs(6.0)),
+            (secs(8.0), secs(9.0)),
+        ];
+        assert_eq!(uncovered(secs(1.0), secs(10.0), &both), secs(3.0));
+        // During the sidecar's kill, writes refused are unexplained.
+        assert_eq!(uncovered(secs(20.0), secs(23.0), &windows), secs(3.0));
+
+        let mut o = Outcome { played, ..clean() };
+        o.writes.refusals = vec![(secs(5.0), secs(restart_ends)), (secs(30.5), secs(33.0))];
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        assert_eq!(o.unexplained().length, Duration::ZERO);
+        // The restart of every pod stalls writes ten seconds longer (a restart path that
+        // waits on its silent peers): flagged, and published.
+        o.writes.refusals[0].1 += secs(10.0);
+        let u = o.unexplained();
+        assert_eq!(u.length, secs(10.0));
+        assert_eq!(u.refusal.0, secs(5.0));
+        let v = o.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("explained by no fault"), "{v:?}");
+        // A disaster's window (the recovery bound and the time held) explains it.
+        o.disaster_window = Some((secs(10.0), secs(200.0)));
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        // Up to the bound, unexplained refusal is tolerated.
+        o.disaster_window = None;
+        o.writes.refusals[0].1 = secs(restart_ends) + UNEXPLAINED_BOUND;
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.writes.refusals[0].1 += Duration::from_millis(1);
+        assert_eq!(o.violations().len(), 1);
+    }
+
+    #[test]
+    fn a_wal_deleted_beside_a_kept_folder_is_a_violation() {
+        let mut o = clean();
+        assert!(o.violations().is_empty(), "{:?}", o.violations());
+        o.wal_missing.push((
+            1,
+            "WAL [\"0000000000000000-0000000000000000.wal\"] ... is gone".into(),
+        ));
+        let v = o.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("pod 1") && v[0].contains("deleted, not set aside"),
+            "{v:?}"
+        );
     }
 
     #[test]

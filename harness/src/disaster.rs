@@ -750,6 +750,7 @@ mod tests {
             failures: 0,
             max_gap: Duration::ZERO,
             max_gap_at: Duration::ZERO,
+            refusals: Vec::new(),
             last_error: String::new(),
             revisions,
         }

@@ -9,7 +9,7 @@
 //! - [`dns`] (a loopback set's dnsmasq), [`pki`] (test certificates), [`etcd`] (which etcd
 //!   binary), [`client`] (etcd clients and the sidecar's HTTP), [`wait`], [`writer`]
 //!   (acknowledged writes), [`logs`], [`procs`]; [`chaos`]: seeded fault schedules and the
-//!   checker of what they left; [`disaster`]: generator 3's disasters (every volume lost, a
+//!   checker of what they left ([`wal_kept`]: the WAL files it requires kept); [`disaster`]: generator 3's disasters (every volume lost, a
 //!   majority lost for good) and their checker; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
 //!   pods) for scale-in.
 //!
@@ -29,6 +29,7 @@ pub mod loopback;
 pub mod pki;
 pub mod procs;
 pub mod wait;
+pub mod wal_kept;
 pub mod writer;
 
 pub use etcd::Etcd;

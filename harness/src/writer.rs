@@ -13,6 +13,10 @@ pub fn write_key(i: u64) -> String {
     format!("w/{i:08}")
 }
 
+/// A gap between acknowledgements longer than this is a refusal of writes: a write through
+/// a live cluster takes milliseconds.
+pub const REFUSAL: Duration = Duration::from_millis(300);
+
 /// Writes `w/<n>` one after another (about 100 a second) through every given endpoint in
 /// turn, counting a write only once etcd acknowledged it. A write that failed is retried
 /// with the same key through the next endpoint.
@@ -42,6 +46,9 @@ pub struct WriterReport {
     pub max_gap: Duration,
     /// When that gap ended, since the writer started.
     pub max_gap_at: Duration,
+    /// Every stretch without an acknowledgement longer than [`REFUSAL`]: when it began and
+    /// ended, since the writer started (the gap after a pause starts when the pause ends).
+    pub refusals: Vec<(Duration, Duration)>,
     /// The last failure, said in a sentence.
     pub last_error: String,
     /// The revision etcd acknowledged each write at: `revisions[i]` is `w/i`'s.
@@ -49,8 +56,10 @@ pub struct WriterReport {
 }
 
 impl Writer {
-    /// Starts writing through `endpoints` (plain-HTTP client URLs).
+    /// Starts writing through `endpoints` (plain-HTTP client URLs). The report's times count
+    /// from this call.
     pub fn start(endpoints: Vec<String>) -> Writer {
+        let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicU64::new(0));
         let pause = Arc::new(Pause::default());
@@ -62,7 +71,9 @@ impl Writer {
                 pause.clone(),
                 revisions.clone(),
             );
-            tokio::spawn(async move { write_loop(endpoints, stop, acked, pause, revisions).await })
+            tokio::spawn(async move {
+                write_loop(endpoints, started, stop, acked, pause, revisions).await
+            })
         };
         Writer {
             stop,
@@ -132,6 +143,7 @@ impl Writer {
 
 async fn write_loop(
     endpoints: Vec<String>,
+    started: Instant,
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicU64>,
     pause: Arc<Pause>,
@@ -148,13 +160,13 @@ async fn write_loop(
                 .unwrap_or_else(|e| panic!("a lazy client of {ep}: {e}")),
         );
     }
-    let started = Instant::now();
     let mut last_ack = started;
     let mut report = WriterReport {
         acked: 0,
         failures: 0,
         max_gap: Duration::ZERO,
         max_gap_at: Duration::ZERO,
+        refusals: Vec::new(),
         last_error: String::new(),
         revisions: Vec::new(),
     };
@@ -190,6 +202,9 @@ async fn write_loop(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(revision);
                 let now = Instant::now();
+                if now - last_ack > REFUSAL {
+                    report.refusals.push((last_ack - started, now - started));
+                }
                 if now - last_ack > report.max_gap {
                     report.max_gap = now - last_ack;
                     report.max_gap_at = now - started;
