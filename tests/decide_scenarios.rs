@@ -2136,13 +2136,61 @@ mod invariants {
             })
     }
 
-    /// Any facts: mostly anything at all, and a quarter formations under way (which
-    /// random facts rarely get as far as a start).
+    /// Any facts: mostly anything at all, and some formations and recoveries under way
+    /// (which random facts rarely get as far as a start or a forced start).
     fn any_facts() -> impl Strategy<Value = Facts> {
         prop_oneof![
-            3 => anything().boxed(),
+            4 => anything().boxed(),
             1 => a_formation_under_way().boxed(),
+            1 => a_recovery_under_way().boxed(),
         ]
+    }
+
+    /// A pod with data and a readable log tail, no cluster answering, a recovery request
+    /// naming it (its own lost pods, its own ID), and every peer answering as generated,
+    /// most of those with data in this pod's cluster: whose log is fresher decides.
+    fn a_recovery_under_way() -> impl Strategy<Value = Facts> {
+        (
+            anything(),
+            wal_identity(),
+            wal_tail(),
+            raw_recovery().prop_filter_map("a request", |r| r),
+            prop::collection::vec(prop::bool::weighted(0.85), 5),
+        )
+            .prop_map(|(mut f, wal, tail, (_, _, lost, id), same_cluster)| {
+                f.data.wal = WalState::Present(Ok(wal));
+                f.data.tail = Some(tail);
+                f.data.left = None;
+                f.data.unreadable_markers = vec![];
+                f.own_dns = found(f.ordinal);
+                f.cluster = not_reached();
+                f.recovery_request = Some(RecoveryRequest {
+                    id: id.into(),
+                    survivor: f.name.clone(),
+                    force_lost: f
+                        .peers
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| lost >> (i % 8) & 1 == 1)
+                        .map(|(_, p)| p.name.clone())
+                        .collect(),
+                    expires_unix: u64::MAX,
+                });
+                for (p, same) in f.peers.iter_mut().zip(same_cluster) {
+                    let mut report = match p.report.take() {
+                        Some(Ok(r)) => r,
+                        _ => empty_report(p.ordinal),
+                    };
+                    if same {
+                        if let Some(w) = report.wal.as_mut() {
+                            w.cluster_id = wal.cluster_id;
+                        }
+                    }
+                    p.dns = found(p.ordinal);
+                    p.report = Some(Ok(report));
+                }
+                f
+            })
     }
 
     /// An initial pod with an empty volume, its name published and no cluster answering.
