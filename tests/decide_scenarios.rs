@@ -610,7 +610,13 @@ fn during_a_restore_an_empty_volume_never_joins_the_cluster_being_replaced() {
     };
     let d = decide(&f);
     assert!(!matches!(d.action, Action::Join { .. }), "{d:?}");
-    assert_waits(&d, &["peers hold data"]);
+    assert_waits(&d, &["restore restore-1", "the cluster being replaced"]);
+    // Once no cluster answers, the formation's own rules: a peer still holds data.
+    let f = Facts {
+        cluster: not_reached(),
+        ..f
+    };
+    assert_waits(&decide(&f), &["peers hold data"]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2628,6 +2634,7 @@ mod invariants {
             "RecoveryChoseOther",
             "RecoveryRefused",
             "RestoreRequested",
+            "RestoreWhileAClusterAnswers",
             "LeftAndRemoved",
             "RestoreNotSeen",
             "PeerUrlChanged",
@@ -2650,7 +2657,6 @@ mod invariants {
     /// a restore request held, `decide` starts the formation again, i.e. with the old
     /// member ID and no data (the token agreed earlier is checked before anything else).
     #[test]
-    #[ignore = "finds bug: a restore request sends an empty volume to decide_formation, which ignores the healthy cluster: AgreedEarlier starts a member that already started, with its old ID and no data"]
     fn during_a_restore_an_empty_volume_whose_member_started_never_starts_with_its_old_id() {
         let f = with_marker(facts(), marker_with_token("n1", "n0.n1.n2"));
         let f = Facts {
@@ -2671,6 +2677,18 @@ mod invariants {
         };
         let d = decide(&f);
         assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason());
+        assert!(
+            matches!(d.why, Why::RestoreWhileAClusterAnswers { .. }),
+            "{:?}",
+            d
+        );
+        // The new formation answering, listing this pod as a member it never started:
+        // this pod prepared for it and starts as that member.
+        let f = Facts {
+            cluster: healthy_with(member(0xa1, 1, "", false)),
+            ..f
+        };
+        assert!(is_bootstrap(&decide(&f).action), "{:?}", decide(&f));
     }
 
     proptest! {
@@ -2885,14 +2903,21 @@ mod invariants {
         /// The README's "a new cluster needs proof that none exists: … and no etcd
         /// answers" holds while a restore request stands, too: the request replaces the
         /// cluster once its pods set their data aside, not while it still answers.
+        /// The one exception: the cluster that answers is the new formation this pod
+        /// prepared for, listing this pod as a member it never started.
         #[test]
-        #[ignore = "finds bug: with a restore request, decide sends an empty volume to decide_formation without looking at the cluster: a healthy cluster answering and every asked peer empty gives Bootstrap (Prepare, or Start with a token agreed earlier) and the reason 'no cluster answered'"]
         fn never_bootstrap_when_a_healthy_cluster_answered_even_while_a_restore_request_stands(
             f in (any_facts(), members(), restore_requests())
                 .prop_map(|(f, ms, r)| Facts { cluster: healthy(ms), restore_request: Some(r), ..f })
         ) {
             let d = decide(&f);
-            prop_assert!(!is_bootstrap(&d.action), "{:?}: {}", d.action, d.reason());
+            let ClusterFacts::Healthy(view) = &f.cluster else { unreachable!() };
+            let ours_unstarted = f.data.formation.is_some()
+                && view.members.iter().any(|m| {
+                    (m.peer_urls.contains(&f.peer_url) || (!m.name.is_empty() && m.name == f.name))
+                        && m.client_urls.is_empty()
+                });
+            prop_assert!(!is_bootstrap(&d.action) || ours_unstarted, "{:?}: {}", d.action, d.reason());
         }
 
         #[test]

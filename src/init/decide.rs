@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::facts::{
-    ActionKind, BackupFacts, ClusterFacts, Endpoint, Facts, Failed, Formation, Lookup, MemberInfo,
-    PeerReport, Rejection, RestoreWanted, SnapshotFacts,
+    ActionKind, BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Failed, Formation, Lookup,
+    MemberInfo, PeerReport, Rejection, RestoreWanted, SnapshotFacts,
 };
 
 /// Why data is set aside before joining.
@@ -269,6 +269,12 @@ pub enum Why {
     LeftAndRemoved {
         member: u64,
     },
+    /// A restore request stands and this volume is empty, but a cluster answers that is
+    /// not this pod's formation waiting for it.
+    RestoreWhileAClusterAnswers {
+        id: String,
+        cluster: u64,
+    },
     RestoreNotSeen {
         id: String,
         snapshot: String,
@@ -373,6 +379,7 @@ impl std::fmt::Display for Why {
             Why::RecoveryRefused { id, refusal } => write!(f, "recovery {id} was requested, but this pod's own observations refuse it: {refusal}"),
             Why::RestoreRequested { id, snapshot } => write!(f, "restore {id}: an operator restores the whole cluster to snapshot {snapshot}; this volume's data is set aside (renamed, not deleted), then every pod re-forms the cluster from the snapshot"),
             Why::PeerUrlChanged { member, listed, now } => write!(f, "the cluster lists this pod's member {member:x} at {}, but its peer URL is now {now}: the member entry is updated (MemberUpdate), keeping its ID and data, then etcd restarts", listed.join(", ")),
+            Why::RestoreWhileAClusterAnswers { id, cluster } => write!(f, "restore {id}: this volume is empty, but cluster {cluster:x} answers and does not wait for this pod as a member it never started: it is the cluster being replaced (its members set their data aside first), or this pod's member of it started before and its volume was lost since (that member ID is never reused). Waiting: this pod forms the new cluster once no cluster answers, or, after the request expires, joins the one that does"),
             Why::RestoreNotSeen { id, snapshot, problem, then } => write!(f, "restore {id} to snapshot {snapshot} was requested, but this pod cannot see that snapshot usable ({problem}): its data stays (decided: {}, {})", then.action.name(), then.why),
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
@@ -544,11 +551,32 @@ pub fn decide(f: &Facts) -> Decision {
                 }
             }
         }
-        Some(_) if !f.data.has_data() => decide_formation(f),
+        // An empty volume takes part in the new formation only: never while a cluster
+        // answers, unless it is that formation, listing this pod as a member it has not
+        // started yet (this pod prepared for it: it starts as that member).
+        Some(r) if !f.data.has_data() => match &f.cluster {
+            ClusterFacts::Healthy(view) if !our_formation_waits_for_us(f, view) => {
+                wait(Why::RestoreWhileAClusterAnswers {
+                    id: r.id.clone(),
+                    cluster: view.cluster_id,
+                })
+            }
+            _ => decide_formation(f),
+        },
         _ if f.data.has_data() => decide_with_data(f),
         _ => decide_empty(f),
     };
     super::upgrade::gate(f, gate_on_own_dns(f, d))
+}
+
+/// Whether the cluster that answers is a formation this pod prepared for (it holds a
+/// formation marker) that lists this pod as a member never started.
+fn our_formation_waits_for_us(f: &Facts, view: &ClusterView) -> bool {
+    f.data.formation.is_some()
+        && view.members.iter().any(|m| {
+            (m.peer_urls.contains(&f.peer_url) || (!m.name.is_empty() && m.name == f.name))
+                && m.never_started()
+        })
 }
 
 /// A pod that left: its data goes aside once the cluster confirms its member is removed;
