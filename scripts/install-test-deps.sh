@@ -42,13 +42,27 @@ if [ ! -x "$dest/etcd" ]; then
   chmod +x "$dest"/*
   rm -rf "$tmp"
 fi
+# The first archive URI among the machine's enabled apt sources that serves Debian's main
+# archive (not -security, not a third party's): its `dists/` also holds unstable.
+debian_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    sed -n -e 's/^[[:space:]]*URIs:[[:space:]]*//p' \
+           -e 's/^[[:space:]]*deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' "$f"
+  done | tr ' ' '\n' | grep -E '/debian/?$' | head -n1 | sed 's:/*$::'
+}
 # etcd 3.5.0–3.5.2 have a known data-inconsistency bug: the tests also run a current 3.5.
 current=.tools/etcd-v3.5.30
 if [ ! -x "$current/etcd" ]; then
   echo "installing etcd 3.5.30 from Debian unstable (etcd-server)"
   apt_dir=$(mktemp -d)
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/etc"
-  echo "deb http://deb.debian.org/debian unstable main" > "$apt_dir/etc/sources.list"
+  # The mirror is the machine's own: the first Debian archive its apt sources name (deb822
+  # `URIs:` or a one-line `deb` entry), asked for the unstable suite instead of its own.
+  mirror=$(debian_mirror)
+  [ -n "$mirror" ] || { echo "no Debian archive in /etc/apt/sources.list{,.d/*}: cannot fetch etcd 3.5.30" >&2; exit 1; }
+  echo "deb $mirror unstable main" > "$apt_dir/etc/sources.list"
   touch "$apt_dir/status"
   apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/etc/sources.list" -o Dir::Etc::SourceParts=/dev/null
     -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o "Dir::State::Status=$apt_dir/status"
