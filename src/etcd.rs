@@ -139,16 +139,41 @@ pub struct EtcdClientConnector {
     /// the files hold it when the connection is opened).
     pub tls: Option<crate::tls::TlsMaterial>,
     /// etcd credentials, when etcd's authentication is enabled.
-    pub auth: Option<crate::config::Auth>,
+    pub auth: Option<Auth>,
 }
 
 impl EtcdClientConnector {
-    pub fn new(cfg: &crate::config::Config) -> Self {
+    pub fn new(access: &Access) -> Self {
         Self {
             timeouts: Timeouts::default(),
-            tls: cfg.client_tls.clone(),
-            auth: cfg.auth.clone(),
+            tls: access.tls.clone(),
+            auth: access.auth.clone(),
         }
+    }
+}
+
+/// How the agent reaches etcd's client API (`--client-*-file`, `--etcd-username`…): the
+/// settings every etcd connection of the agent is made with.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// Client TLS, when etcd serves its clients over https.
+    pub tls: Option<crate::tls::TlsMaterial>,
+    /// etcd credentials, when etcd's authentication is enabled.
+    pub auth: Option<Auth>,
+}
+
+/// etcd credentials; `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Auth {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
     }
 }
 

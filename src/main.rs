@@ -5,14 +5,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use etcd_steward::backup::snapshot::{EtcdSource, EtcdTarget};
-use etcd_steward::config::{Cli, Command, CommonArgs, Config};
+use etcd_steward::commands::leave::Left;
+use etcd_steward::commands::recover::Ended;
+use etcd_steward::config::{Cli, Command, Config, ConfigError, InitConfig};
 use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
-use etcd_steward::init::observe::HttpReports;
 use etcd_steward::init::{self, Outcome};
-use etcd_steward::leave::Left;
-use etcd_steward::recover::command::Ended;
-use etcd_steward::{backup, exec, recover, sidecar};
+use etcd_steward::observe::HttpReports;
+use etcd_steward::{backup, commands, exec, sidecar};
 
 /// EX_USAGE: a configuration error.
 const EXIT_CONFIG: u8 = 64;
@@ -51,6 +51,44 @@ async fn stop_on_sigterm(tx: tokio::sync::watch::Sender<bool>) {
     let _ = tx.send(true);
 }
 
+/// How a command ended, turned into the process's exit status in one place ([`exit`]).
+enum Exit {
+    Success,
+    /// Refused, and the one line that says why (exit 2).
+    Refused {
+        what: &'static str,
+        why: String,
+    },
+    /// Failed with what was already printed, or one line to print (exit 1).
+    Failed(Option<String>),
+}
+
+/// The one place that turns an outcome into an exit status: a configuration error is one
+/// line on stderr and exit 64 (EX_USAGE); any other error is written where `kubectl
+/// describe pod` shows it and exits 1.
+fn exit(outcome: anyhow::Result<Exit>) -> ExitCode {
+    match outcome {
+        Ok(Exit::Success) => ExitCode::SUCCESS,
+        Ok(Exit::Refused { what, why }) => {
+            eprintln!("etcd-steward: {what} refused: {why}");
+            ExitCode::from(EXIT_REFUSED)
+        }
+        Ok(Exit::Failed(said)) => {
+            if let Some(line) = said {
+                eprintln!("etcd-steward: {line}");
+            }
+            ExitCode::from(EXIT_RUNTIME)
+        }
+        Err(e) => match e.downcast_ref::<ConfigError>() {
+            Some(config) => {
+                eprintln!("etcd-steward: {config}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+            None => fail(&e),
+        },
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -71,188 +109,116 @@ fn main() -> ExitCode {
         }
     };
     etcd_steward::logs::init();
-    match cli.command {
-        Command::Init(args) => {
-            let mut cfg = match args.validate() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("etcd-steward: {e}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-            };
-            if !cfg.dry_run {
-                if let Err(code) = tool_checked(&mut cfg.config) {
-                    return code;
-                }
-            }
-            let outcome = runtime().and_then(|rt| {
-                let dns = HickoryDns::new(cfg.config.dns_server)?;
-                let connector = EtcdClientConnector::new(&cfg.config);
-                let reports = HttpReports::new(&cfg.config);
-                Ok(rt.block_on(init::run(cfg, dns, connector, reports))?)
-            });
-            match outcome {
-                Ok(Outcome::DryRun(decision)) => {
-                    println!("{decision}");
-                    ExitCode::SUCCESS
-                }
-                Ok(Outcome::Exec { bin, argv }) => {
-                    tracing::info!(etcd = %bin.display(), args = ?argv, "exec etcd");
-                    let err = exec::exec_etcd(&bin, &argv);
-                    fail(&anyhow::anyhow!("cannot exec {}: {err}", bin.display()))
-                }
-                Err(e) => fail(&e),
-            }
+    exit(run(cli.command))
+}
+
+/// Runs one command to its end.
+fn run(command: Command) -> anyhow::Result<Exit> {
+    match command {
+        Command::Init(args) => init_command(args.validate()?),
+        Command::Install(args) => {
+            let path = exec::install_self(&args.dir)
+                .map_err(|e| anyhow::anyhow!("cannot install into {}: {e}", args.dir.display()))?;
+            tracing::info!(path = %path.display(), "etcd-steward installed");
+            Ok(Exit::Success)
         }
-        Command::Install(args) => match exec::install_self(&args.dir) {
-            Ok(path) => {
-                tracing::info!(path = %path.display(), "etcd-steward installed");
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&anyhow::anyhow!(
-                "cannot install into {}: {e}",
-                args.dir.display()
-            )),
-        },
         Command::Sidecar(args) => {
-            let mut cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            if let Err(code) = tool_checked(&mut cfg) {
-                return code;
-            }
-            let result = with_cluster(cfg, |cfg, dns, connector| async move {
+            let cfg = tool_checked(args.common.validate()?)?;
+            with_cluster(cfg, |cfg, dns, connector| async move {
                 let (tx, rx) = tokio::sync::watch::channel(false);
                 tokio::spawn(stop_on_sigterm(tx));
-                Ok(sidecar::run(cfg, dns, connector, rx).await?)
-            });
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&e),
-            }
+                sidecar::run(cfg, dns, connector, rx).await?;
+                Ok(Exit::Success)
+            })
         }
         Command::Recover(args) => {
-            let cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let result = with_cluster(cfg, |cfg, dns, connector| {
-                recover::command::run(cfg, &args, dns, connector)
-            });
-            ended(result, "recover")
-        }
-        Command::Leave(args) => {
-            let cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let result = with_cluster(cfg, |cfg, dns, connector| {
-                etcd_steward::leave::leave(cfg, args.yes, args.if_scaled_in, dns, connector)
-            });
-            match result {
-                Ok(Left::Planned | Left::Done | Left::NotScaledIn) => ExitCode::SUCCESS,
-                Ok(Left::Refused(why)) => {
-                    eprintln!("etcd-steward: leave refused: {why}");
-                    ExitCode::from(EXIT_REFUSED)
-                }
-                Err(e) => fail(&e),
-            }
-        }
-        Command::Rejoin(args) => {
-            let cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            match etcd_steward::leave::rejoin(&cfg) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => fail(&e),
-            }
-        }
-        Command::Status(args) => {
-            let cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let result = with_cluster(cfg, |cfg, dns, connector| {
-                etcd_steward::status::gather(cfg, dns, connector)
-            });
-            match result {
-                Ok(s) if args.output == "json" => match serde_json::to_string(&s) {
-                    Ok(text) => {
-                        println!("{text}");
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(&e.into()),
-                },
-                Ok(s) => {
-                    print!("{}", etcd_steward::status::render(&s));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(&e),
-            }
+            let ended = with_cluster(args.common.validate()?, |cfg, dns, connector| {
+                commands::recover::run(cfg, &args, dns, connector)
+            })?;
+            Ok(exit_of(ended, "recover"))
         }
         Command::Restore(args) => {
-            let cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let result = with_cluster(cfg, |cfg, dns, connector| {
-                recover::to_snapshot::run(cfg, &args, dns, connector)
-            });
-            ended(result, "restore")
+            let ended = with_cluster(args.common.validate()?, |cfg, dns, connector| {
+                commands::restore::run(cfg, &args, dns, connector)
+            })?;
+            Ok(exit_of(ended, "restore"))
+        }
+        Command::Leave(args) => {
+            let left = with_cluster(args.common.validate()?, |cfg, dns, connector| {
+                commands::leave::leave(cfg, args.yes, args.if_scaled_in, dns, connector)
+            })?;
+            Ok(match left {
+                Left::Planned | Left::Done | Left::NotScaledIn => Exit::Success,
+                Left::Refused(why) => Exit::Refused { what: "leave", why },
+            })
+        }
+        Command::Rejoin(args) => {
+            commands::leave::rejoin(&args.common.validate()?)?;
+            Ok(Exit::Success)
+        }
+        Command::Status(args) => {
+            let s = with_cluster(args.common.validate()?, commands::status::gather)?;
+            if args.output == "json" {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print!("{}", commands::status::render(&s));
+            }
+            Ok(Exit::Success)
         }
         Command::Backup(args) if args.generate_key => {
             // A new key file on stdout; nothing else is read or written.
             print!("{}", backup::crypt::Key::generate_file());
-            ExitCode::SUCCESS
+            Ok(Exit::Success)
         }
         Command::Backup(args) => {
-            let mut cfg = match validated(&args.common) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
+            let mut cfg = args.common.validate()?;
             if args.drill {
-                if let Err(code) = tool_checked(&mut cfg) {
-                    return code;
-                }
+                cfg = tool_checked(cfg)?;
             }
             let Some(backup_cfg) = cfg.backup.clone() else {
-                eprintln!("etcd-steward: backup needs --backup-url (or ETCD_STEWARD_BACKUP_URL)");
-                return ExitCode::from(EXIT_CONFIG);
+                return Err(ConfigError {
+                    problems: vec!["backup needs --backup-url (or ETCD_STEWARD_BACKUP_URL)".into()],
+                }
+                .into());
             };
-            let result = runtime().and_then(|rt| {
-                rt.block_on(backup_command(&cfg, &backup_cfg, args.list, args.drill))
-            });
-            match result {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::from(EXIT_RUNTIME),
-                Err(e) => fail(&e),
-            }
+            let passed =
+                runtime()?.block_on(backup_command(&cfg, &backup_cfg, args.list, args.drill))?;
+            Ok(if passed {
+                Exit::Success
+            } else {
+                Exit::Failed(None)
+            })
         }
     }
 }
 
-/// The shared options validated, or the exit code of a configuration error (said in one
-/// line on stderr).
-fn validated(common: &CommonArgs) -> Result<Config, ExitCode> {
-    common.validate().map_err(|e| {
-        eprintln!("etcd-steward: {e}");
-        ExitCode::from(EXIT_CONFIG)
-    })
+/// `init`: decide, act, and exec etcd (or print the decision with `--dry-run`).
+fn init_command(mut cfg: InitConfig) -> anyhow::Result<Exit> {
+    if !cfg.dry_run {
+        cfg.config = tool_checked(cfg.config)?;
+    }
+    let rt = runtime()?;
+    let dns = HickoryDns::new(cfg.config.dns_server)?;
+    let connector = EtcdClientConnector::new(&cfg.config.etcd);
+    let reports = HttpReports::new(&cfg.config);
+    match rt.block_on(init::run(cfg, dns, connector, reports))? {
+        Outcome::DryRun(decision) => {
+            println!("{decision}");
+            Ok(Exit::Success)
+        }
+        Outcome::Exec { bin, argv } => {
+            tracing::info!(etcd = %bin.display(), args = ?argv, "exec etcd");
+            let err = exec::exec_etcd(&bin, &argv);
+            anyhow::bail!("cannot exec {}: {err}", bin.display())
+        }
+    }
 }
 
 /// etcd's offline tool run once at start when backups are configured (a restore or a drill
-/// needs it), or the exit code of a configuration error (said in one line on stderr).
-fn tool_checked(cfg: &mut Config) -> Result<(), ExitCode> {
-    let checked = match runtime() {
-        Ok(rt) => rt.block_on(etcd_steward::config::check_restore_tool(cfg)),
-        Err(e) => return Err(fail(&e)),
-    };
-    checked.map_err(|e| {
-        eprintln!("etcd-steward: {e}");
-        ExitCode::from(EXIT_CONFIG)
-    })
+/// needs it): a tool that does not run is a configuration error.
+fn tool_checked(mut cfg: Config) -> anyhow::Result<Config> {
+    runtime()?.block_on(etcd_steward::config::check_restore_tool(&mut cfg))?;
+    Ok(cfg)
 }
 
 /// Runs `f` on a runtime with this configuration's DNS resolver and etcd connector.
@@ -261,28 +227,19 @@ where
     F: FnOnce(Config, HickoryDns, EtcdClientConnector) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    runtime().and_then(|rt| {
-        rt.block_on(async {
-            let dns = HickoryDns::new(cfg.dns_server)?;
-            let connector = EtcdClientConnector::new(&cfg);
-            f(cfg, dns, connector).await
-        })
+    runtime()?.block_on(async {
+        let dns = HickoryDns::new(cfg.dns_server)?;
+        let connector = EtcdClientConnector::new(&cfg.etcd);
+        f(cfg, dns, connector).await
     })
 }
 
-/// How `recover` or `restore` (`what`) ended, as an exit code.
-fn ended(result: anyhow::Result<Ended>, what: &str) -> ExitCode {
-    match result {
-        Ok(Ended::Planned | Ended::Recovered) => ExitCode::SUCCESS,
-        Ok(Ended::Refused(why)) => {
-            eprintln!("etcd-steward: {what} refused: {why}");
-            ExitCode::from(EXIT_REFUSED)
-        }
-        Ok(Ended::TimedOut(why)) => {
-            eprintln!("etcd-steward: {why}");
-            ExitCode::from(EXIT_RUNTIME)
-        }
-        Err(e) => fail(&e),
+/// How `recover` or `restore` (`what`) ended.
+fn exit_of(ended: Ended, what: &'static str) -> Exit {
+    match ended {
+        Ended::Planned | Ended::Recovered => Exit::Success,
+        Ended::Refused(why) => Exit::Refused { what, why },
+        Ended::TimedOut(why) => Exit::Failed(Some(why)),
     }
 }
 
@@ -301,7 +258,8 @@ async fn backup_command(
         }
         return Ok(true);
     }
-    let source = EtcdSource::connect(&EtcdTarget::local(cfg)).await?;
+    let source =
+        EtcdSource::connect(&EtcdTarget::local(&cfg.identity, cfg.local_ip(), &cfg.etcd)).await?;
     let now = std::time::SystemTime::now();
     if drill {
         return match backups.drill_newest(&source, now).await? {

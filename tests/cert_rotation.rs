@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_steward::http_get::get_with;
+use etcd_steward::http_client::get_with;
 use etcd_steward::tls::{TlsFiles, TlsMaterial};
 use harness::client::sample;
 use harness::loopback::Set;

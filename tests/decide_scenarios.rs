@@ -3,6 +3,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use etcd_steward::decision::{
+    decide, formation_token, Action, Bootstrap, Decision, SetAsideWhy, Why,
+};
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
@@ -10,9 +13,6 @@ use etcd_steward::facts::{
 };
 use etcd_steward::facts::{EtcdVersion, PeerVersion};
 use etcd_steward::facts::{Failed, Rejection};
-use etcd_steward::init::decide::{
-    decide, formation_token, Action, Bootstrap, Decision, SetAsideWhy, Why,
-};
 
 // ---------------------------------------------------------------------------------------
 // Small constructors: a three-pod set `etcd` in namespace `default`.

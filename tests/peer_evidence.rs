@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::routing::get;
-use etcd_steward::http_get::get_with;
+use etcd_steward::http_client::get_with;
 use etcd_steward::report::parse_report;
 use etcd_steward::tls::{TlsFiles, TlsMaterial};
 use harness::loopback::{empty_report, fake_sidecar, Set};
@@ -98,7 +98,7 @@ async fn peer_reports_are_served_only_to_holders_of_a_peer_certificate() {
 
     // The kubelet-facing port serves no report.
     let plain = SocketAddr::new(IpAddr::V4(set.pod(0).ip), 8080);
-    let (status, _) = etcd_steward::http_get::get(
+    let (status, _) = etcd_steward::http_client::get(
         plain,
         &host,
         "/peer/report",
@@ -251,7 +251,7 @@ fn reports_config(extra: &[String]) -> etcd_steward::config::Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_are_asked_on_the_peer_report_port_first_and_on_the_probe_port_only_when_nothing_listens_there(
 ) {
-    use etcd_steward::init::observe::{HttpReports, PeerReports};
+    use etcd_steward::observe::{HttpReports, PeerReports};
     let timeout = Duration::from_secs(3);
     let reports = HttpReports::new(&reports_config(&[]));
 

@@ -48,7 +48,7 @@ async fn sidecar(ip: &str) -> Sidecar {
 }
 
 async fn healthz(addr: SocketAddr) -> Option<u16> {
-    etcd_steward::http_get::get(addr, "x", "/healthz", Duration::from_secs(1), 4096)
+    etcd_steward::http_client::get(addr, "x", "/healthz", Duration::from_secs(1), 4096)
         .await
         .ok()
         .map(|(s, _)| s)
@@ -164,11 +164,11 @@ fn own_ip(last: u8) -> String {
 }
 
 async fn post(addr: SocketAddr, path: &str, bearer: Option<&str>, body: String) -> (u16, String) {
-    let post = etcd_steward::http_get::Post {
+    let post = etcd_steward::http_client::Post {
         body: body.into_bytes(),
         authorization: bearer.map(|t| format!("Bearer {t}")),
     };
-    let (status, body) = etcd_steward::http_get::post_json(
+    let (status, body) = etcd_steward::http_client::post_json(
         addr,
         "etcd-0",
         path,
@@ -210,9 +210,14 @@ async fn start_etcd(ip: &str, data: &std::path::Path) -> Child {
     let client_addr: SocketAddr = format!("{ip}:2379").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let health =
-            etcd_steward::http_get::get(client_addr, "x", "/health", Duration::from_secs(1), 4096)
-                .await;
+        let health = etcd_steward::http_client::get(
+            client_addr,
+            "x",
+            "/health",
+            Duration::from_secs(1),
+            4096,
+        )
+        .await;
         if matches!(health, Ok((200, _))) {
             break;
         }
@@ -353,7 +358,7 @@ async fn a_flood_of_fresh_control_requests_naming_a_missing_snapshot_stops_no_et
     );
     assert_eq!(etcd.id(), Some(etcd_pid));
     let (_, metrics) =
-        etcd_steward::http_get::get(probe, "x", "/metrics", Duration::from_secs(2), 1 << 20)
+        etcd_steward::http_client::get(probe, "x", "/metrics", Duration::from_secs(2), 1 << 20)
             .await
             .unwrap();
     let metrics = String::from_utf8_lossy(&metrics);

@@ -397,14 +397,17 @@ pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str) {
     }
 }
 
-/// The member parameters for pod `cfg.identity.ordinal` of a cluster formed from a
-/// snapshot by all `cfg.replicas` initial pods: every pod restores the same snapshot with
-/// the same (fresh) `token`, so they form one new cluster with new member IDs.
-pub fn formation_member(cfg: &crate::config::Config, token: &str) -> MemberParams {
-    let id = &cfg.identity;
+/// The member parameters for pod `id.ordinal` of a cluster formed from a snapshot by all
+/// `replicas` initial pods: every pod restores the same snapshot with the same (fresh)
+/// `token`, so they form one new cluster with new member IDs.
+pub fn formation_member(
+    id: &crate::identity::Identity,
+    replicas: u32,
+    token: &str,
+) -> MemberParams {
     MemberParams {
         name: id.name(),
-        initial_cluster: id.initial_cluster(cfg.replicas),
+        initial_cluster: id.initial_cluster(replicas),
         token: token.to_string(),
         peer_url: id.peer_url(id.ordinal),
     }

@@ -74,18 +74,19 @@ pub struct EtcdTarget {
     pub ip: IpAddr,
     pub port: u16,
     pub tls: Option<crate::tls::TlsMaterial>,
-    pub auth: Option<crate::config::Auth>,
+    pub auth: Option<crate::etcd::Auth>,
 }
 
 impl EtcdTarget {
-    /// The local member, as `cfg` describes it.
-    pub fn local(cfg: &crate::config::Config) -> Self {
+    /// This pod's own member, reached at `ip` (its local address) with the agent's etcd
+    /// access.
+    pub fn local(id: &crate::identity::Identity, ip: IpAddr, access: &crate::etcd::Access) -> Self {
         EtcdTarget {
-            host: cfg.identity.host(cfg.identity.ordinal),
-            ip: cfg.local_ip(),
-            port: cfg.identity.client_port,
-            tls: cfg.client_tls.clone(),
-            auth: cfg.auth.clone(),
+            host: id.host(id.ordinal),
+            ip,
+            port: id.client_port,
+            tls: access.tls.clone(),
+            auth: access.auth.clone(),
         }
     }
 }

@@ -17,8 +17,8 @@ use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, Facts, Failed, Rejection, SnapshotContent};
 use crate::volume::{self, journal, marker, VolumeError};
 
-use super::decide::{Action, Bootstrap, Decision, SetAsideWhy};
 use super::etcd_args::StartMode;
+use crate::decision::{Action, Bootstrap, Decision, SetAsideWhy};
 
 /// After writing the formation marker: long enough for peers started at the same moment
 /// to write theirs, short next to etcd's own start.
@@ -412,7 +412,7 @@ async fn restore<C>(world: &World<'_, C>, name: &str, token: &str) -> Result<(),
     } else {
         download(store, &manifest, &cfg.data_dir).await?
     };
-    let member = restore::formation_member(cfg, token);
+    let member = restore::formation_member(&cfg.identity, cfg.replicas, token);
     restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
     restore::log_restored(
         &manifest,
@@ -445,7 +445,14 @@ async fn wait_for_seed(cfg: &Config, facts: &Facts) {
     let started = tokio::time::Instant::now();
     tracing::info!(seed = %host, limit = ?SEED_WAIT, "forming a new cluster: waiting for ordinal 0's etcd to serve its peer API, so etcd's bootstrap check is answered at once");
     while started.elapsed() < SEED_WAIT {
-        let answer = crate::http_get::etcd_peer_version(cfg, 0, ip, SEED_ANSWER_TIMEOUT).await;
+        let answer = crate::http_client::etcd_peer_version(
+            &cfg.identity,
+            cfg.peer_tls.as_ref(),
+            0,
+            ip,
+            SEED_ANSWER_TIMEOUT,
+        )
+        .await;
         if answer.is_ok() {
             tracing::info!(seed = %host, waited = ?started.elapsed(), "ordinal 0's etcd serves; starting etcd");
             return;

@@ -70,7 +70,7 @@ pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String
         format!("--initial-advertise-peer-urls={}", id.peer_url(id.ordinal)),
         format!("--advertise-client-urls={}", id.client_url(id.ordinal)),
     ];
-    if let Some(t) = &cfg.client_tls {
+    if let Some(t) = &cfg.etcd.tls {
         argv.push(format!("--cert-file={}", t.files.cert.display()));
         argv.push(format!("--key-file={}", t.files.key.display()));
         argv.push(format!("--trusted-ca-file={}", t.files.ca.display()));

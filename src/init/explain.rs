@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::facts::{BackupFacts, ClusterFacts, Facts, Lookup, WalState};
 
-use super::decide::{Action, Decision};
+use crate::decision::{Action, Decision};
 
 fn data_dir(f: &Facts) -> Value {
     match &f.data.wal {

@@ -1,15 +1,12 @@
 //! `init`: observe → decide → act, round after round, until the decision is to start
-//! etcd. [`observe`] gathers the facts, [`decide`] (pure) picks one action, [`act`]
+//! etcd. [`crate::observe`] gathers the facts, [`crate::decision`] (pure) picks one action, [`act`]
 //! performs it, [`retry`] (pure) says what follows a failure. Every act is followed by a
 //! fresh observation, so the agent can be killed at any point and run again.
 
 pub mod act;
-pub mod decide;
 pub mod etcd_args;
 pub mod explain;
-pub mod observe;
 pub mod retry;
-pub mod upgrade;
 pub mod waiting;
 
 use std::path::PathBuf;
@@ -20,13 +17,13 @@ use crate::backup::restore::RestoreError;
 use crate::backup::store::Store;
 use crate::clock::unix_now;
 use crate::config::InitConfig;
+use crate::decision::{decide, Action};
 use crate::dns::Dns;
 use crate::etcd::Connector;
+use crate::observe::{Observer, PeerReports};
 use crate::volume;
 use act::{act, ActError, Next, Pause};
-use decide::{decide, Action};
 use etcd_args::{etcd_argv, StartMode};
-use observe::{Observer, PeerReports};
 use retry::{Backoff, Retry};
 
 /// What `init` ends with.
@@ -86,7 +83,7 @@ where
     // the first round observes, so a restart does not wait for it.
     let mut reading = Some(tokio::spawn({
         let bin = cfg.etcd_bin.clone();
-        async move { observe::binary_version(&bin).await }
+        async move { crate::observe::binary_version(&bin).await }
     }));
     let mut binary = None;
     let mut backoff = Backoff::default();
@@ -99,7 +96,8 @@ where
             binary = task.await.unwrap_or(None);
         }
         facts.versions.binary = binary;
-        facts.versions.auth_on_3_4 = observe::auth_on_3_4(&connector, &cfg.identity, &facts).await;
+        facts.versions.auth_on_3_4 =
+            crate::observe::auth_on_3_4(&connector, &cfg.identity, &facts).await;
         let d = decide(&facts);
         explain::log(&facts, &d, round);
         if init.dry_run {

@@ -10,7 +10,7 @@ use crate::backup::restore::RestoreError;
 use crate::etcd::EtcdError;
 
 use super::act::ActError;
-use super::decide::{Why, WhyKind};
+use crate::decision::{Why, WhyKind};
 
 /// etcd refuses membership changes for 5 s after one ("unhealthy cluster"): retry on a
 /// flat period rather than a growing back-off, which would overshoot the window by seconds.

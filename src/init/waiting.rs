@@ -91,7 +91,7 @@ mod tests {
 
     #[test]
     fn a_waits_kind_is_its_reason_variant_name() {
-        use crate::init::decide::Why;
+        use crate::decision::Why;
         assert_eq!(Why::Left.name(), "Left");
         assert_eq!(
             Why::NoUsableBackup { skipped: vec![] }.name(),

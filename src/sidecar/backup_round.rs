@@ -33,7 +33,7 @@ impl BackupRounds {
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         Some(BackupRounds {
             backups,
-            target: EtcdTarget::local(cfg),
+            target: EtcdTarget::local(&cfg.identity, cfg.local_ip(), &cfg.etcd),
             ended_tx,
             ended_rx,
             failing: None,

@@ -2,7 +2,7 @@
 //! stopped for it (see [`super::http::control`]):
 //! - a restore: the snapshot must be listed in the store, verified, not failed by its
 //!   drill, and not rejected by this pod (the same choice `init` makes,
-//!   [`crate::init::decide::snapshot_choice`]); the store's listing is reused for a few
+//!   [`crate::decision::snapshot_choice`]); the store's listing is reused for a few
 //!   seconds, so a flood of requests costs one listing;
 //! - a recovery: the survivor and every pod declared lost must be pods of this set; in the
 //!   survivor's own pod (the only one that stops anything) the plan this pod makes from its
@@ -14,11 +14,11 @@ use futures_util::future::BoxFuture;
 
 use crate::backup::store::Store;
 use crate::config::Config;
+use crate::decision::Why;
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
-use crate::init::decide::Why;
-use crate::init::observe::{list_backups, HttpReports, Observer};
+use crate::observe::{list_backups, HttpReports, Observer};
 use crate::sidecar::http::control::CheckRequests;
 use crate::volume;
 
@@ -88,7 +88,7 @@ where
             other => other,
         };
         let rejected = volume::marker::rejected_snapshots(&self.obs.cfg.data_dir);
-        match crate::init::decide::snapshot_choice(&listed, &rejected) {
+        match crate::decision::snapshot_choice(&listed, &rejected) {
             Ok(Some(name)) if name == r.snapshot => Ok(()),
             Ok(_) => Err(format!("snapshot {} is not in the store", r.snapshot)),
             Err(Why::NamedBackupUnusable { name, problem }) => {
@@ -125,12 +125,12 @@ where
             // init has acted on it already: nothing more is stopped for it.
             return Ok(());
         }
-        let under_way = crate::recover::command::recorded(&f);
+        let under_way = crate::recovery::recorded(&f);
         let pending = under_way
             .as_ref()
             .filter(|(_, applied, _)| !applied)
             .map(|(id, _, _)| id.as_str());
-        match crate::recover::plan::plan(&f, &r.force_lost, pending) {
+        match crate::recovery::plan(&f, &r.force_lost, pending) {
             Ok(p) if p.survivor == r.survivor && p.id == r.id => Ok(()),
             Ok(p) => Err(format!(
                 "this pod's own observations make plan {} with survivor {}, not {} with {}",

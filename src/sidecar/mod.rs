@@ -204,12 +204,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             vouch: watch::channel(None).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
-            tls: cfg
-                .client_tls
-                .iter()
-                .chain(&cfg.peer_tls)
-                .cloned()
-                .collect(),
+            tls: cfg.etcd.tls.iter().chain(&cfg.peer_tls).cloned().collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
             scale_in: None,
@@ -377,7 +372,11 @@ where
         control_auth.clone(),
         Arc::new(checks::Checks::new(&cfg, dns.clone(), connector.clone())),
     );
-    let probe = HttpPeerProbe { cfg: cfg.clone() };
+    let probe = HttpPeerProbe {
+        identity: cfg.identity.clone(),
+        ip: cfg.local_ip(),
+        peer_tls: cfg.peer_tls.clone(),
+    };
     let auto = cfg
         .auto_recover_after
         .map(|after| (after, dns.clone(), connector.clone()));

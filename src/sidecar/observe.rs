@@ -14,11 +14,10 @@ use super::conn::Connections;
 use super::health::{LocalObservation, PeerApi};
 use super::plan::backup::RoundEnd;
 use super::plan::Outcome;
-use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, MemberInfo, MemberStatus};
-use crate::http_get::{self, GetError};
+use crate::http_client::{self, GetError};
 use crate::volume::journal;
 
 /// The local member's status and serializable read are answered from its memory: when
@@ -134,16 +133,21 @@ pub trait PeerProbe: Send + Sync {
 
 /// The real probe: GET `/version` on the local etcd's peer port.
 pub struct HttpPeerProbe {
-    pub cfg: Config,
+    /// This pod.
+    pub identity: crate::identity::Identity,
+    /// Where this pod's etcd listens for its peers.
+    pub ip: std::net::IpAddr,
+    /// The peer TLS etcd's peer port requires, if any.
+    pub peer_tls: Option<crate::tls::TlsMaterial>,
 }
 
 impl PeerProbe for HttpPeerProbe {
     async fn peer_api(&self) -> PeerApi {
-        let cfg = &self.cfg;
-        match http_get::etcd_peer_version(
-            cfg,
-            cfg.identity.ordinal,
-            cfg.local_ip(),
+        match http_client::etcd_peer_version(
+            &self.identity,
+            self.peer_tls.as_ref(),
+            self.identity.ordinal,
+            self.ip,
             PEER_API_TIMEOUT,
         )
         .await

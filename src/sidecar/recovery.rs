@@ -299,7 +299,7 @@ impl Stopper {
 }
 
 /// `--auto-recover-after`: looks every [`AUTO_LOOK`] as `init` does (every pod's report,
-/// the cluster, this volume); when [`crate::recover::plan::automatic`] holds without a break
+/// the cluster, this volume); when [`crate::recovery::automatic`] holds without a break
 /// for `after`, hands this sidecar the request `recover --yes` would have handed it. The
 /// rest is the same path as an operator's request.
 pub async fn auto_recover<D, C>(
@@ -313,8 +313,8 @@ pub async fn auto_recover<D, C>(
     D: crate::dns::Dns + Clone + 'static,
     C: crate::etcd::Connector + Clone + 'static,
 {
-    let obs = crate::init::observe::Observer {
-        reports: crate::init::observe::HttpReports::new(&cfg),
+    let obs = crate::observe::Observer {
+        reports: crate::observe::HttpReports::new(&cfg),
         cfg,
         dns,
         connector,
@@ -341,7 +341,7 @@ pub async fn auto_recover<D, C>(
             continue;
         }
         f.data.tail = crate::volume::log_tail(&obs.cfg.data_dir).ok().flatten();
-        match crate::recover::plan::automatic(&f) {
+        match crate::recovery::automatic(&f) {
             Ok(plan) => {
                 let first = *since.get_or_insert_with(Instant::now);
                 if first.elapsed() >= after {

@@ -107,7 +107,7 @@ pub async fn answering_voters<D: Dns, C: Connector>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube_api::FakeWorkload;
+    use crate::fake::FakeWorkload;
 
     const INTERVAL: Duration = Duration::from_secs(10);
 

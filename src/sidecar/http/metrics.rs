@@ -377,12 +377,14 @@ mod tests {
             at("/tls/ca.crt", 2_000_000_000),
         ]);
         let text = encode(&registry, Format::PrometheusText)?;
-        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        // A family's samples come out in its hash map's order: compare them sorted.
+        let mut samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        samples.sort_unstable();
         assert_eq!(
             samples,
             [
-                r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/tls.crt"} 1950000000"#,
                 r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/ca.crt"} 2000000000"#,
+                r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/tls.crt"} 1950000000"#,
             ]
         );
         Ok(())

@@ -1,27 +1,12 @@
-//! In-memory fakes of the outside world, for tests: a [`FakeCluster`] behind the etcd
-//! traits ([`Connector`], [`Etcd`]), a [`FakeDns`] behind [`Dns`], and [`FakeReports`]
-//! (the peers' sidecars) behind [`PeerReports`]. No network, no
-//! process, no clock: a test scripts the cluster (members, leader, raft indexes, members that
-//! are down, calls that fail), runs the code under test, and reads back every call it made.
-//!
-//! Compiled into the library (not only under `cfg(test)`) so that `tests/` can use them.
-//!
-//! The cluster follows etcd's rules closely enough for the agent's loops: a member that is
-//! down answers nothing (`Unreachable`); a learner refuses quorum reads and membership
-//! changes; a promotion goes through any voter to the leader, which refuses it while the
-//! learner's raft index is under 90% of its own; one learner at a time may join; without a
-//! leader, quorum calls time out.
+//! [`FakeCluster`]: etcd in memory, behind [`Connector`] and [`Etcd`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::dns::{Dns, Lookup};
 use crate::etcd::{Connector, Etcd, EtcdError, MemberInfo, MemberStatus};
-use crate::facts::PeerReport;
 use crate::identity::split_url;
-use crate::init::observe::PeerReports;
 
 /// Which call a [`Call`] records, or a failure is scripted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -546,82 +531,12 @@ impl Etcd for FakeMember {
     }
 }
 
-#[derive(Debug, Default)]
-struct DnsState {
-    answers: HashMap<String, Lookup>,
-    lookups: Vec<String>,
-}
-
-/// DNS in memory: each name answers what the test scripted (`NotFound` until then).
-/// Clones share the same answers.
-#[derive(Debug, Clone, Default)]
-pub struct FakeDns {
-    state: Arc<Mutex<DnsState>>,
-}
-
-impl FakeDns {
-    fn lock(&self) -> MutexGuard<'_, DnsState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// From now on, `host` answers `answer`.
-    pub fn answer(&self, host: &str, answer: Lookup) {
-        self.lock().answers.insert(host.to_string(), answer);
-    }
-
-    /// Every name looked up so far, in order.
-    pub fn lookups(&self) -> Vec<String> {
-        self.lock().lookups.clone()
-    }
-}
-
-impl Dns for FakeDns {
-    async fn lookup(&self, host: &str) -> Lookup {
-        let mut s = self.lock();
-        s.lookups.push(host.to_string());
-        s.answers.get(host).cloned().unwrap_or(Lookup::NotFound)
-    }
-}
-
-/// The peers' sidecars, for `init`: each pod's report as the test sets it; a pod without
-/// one does not answer (as a sidecar that is not running).
-#[derive(Debug, Clone, Default)]
-pub struct FakeReports {
-    reports: Arc<Mutex<HashMap<String, PeerReport>>>,
-}
-
-impl FakeReports {
-    /// From now on, pod `name`'s sidecar answers `report`.
-    pub fn set(&self, name: &str, report: PeerReport) {
-        self.reports
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(name.to_string(), report);
-    }
-}
-
-impl PeerReports for FakeReports {
-    async fn report(
-        &self,
-        name: &str,
-        _host: &str,
-        _ip: IpAddr,
-        _timeout: Duration,
-    ) -> Result<PeerReport, String> {
-        self.reports
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(name)
-            .cloned()
-            .ok_or_else(|| "connection refused (fake: no sidecar)".to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dns::Dns;
+    use crate::facts::Lookup;
+    use crate::fake::FakeDns;
 
     const A: &str = "http://a.example:2379";
     const B: &str = "http://b.example:2379";

@@ -1,5 +1,5 @@
 //! `etcd-steward recover`: observe (every pod's report, the cluster, this volume) → plan
-//! (pure, [`super::plan`]) → print it. With `--yes`: hand the request to every pod's
+//! (pure, [`crate::recovery`]) → print it. With `--yes`: hand the request to every pod's
 //! sidecar (`POST /peer/recovery`), then follow it until the survivor serves as a
 //! one-member cluster. The pods do the work (the survivor's sidecar stops etcd, its `init`
 //! starts it forced, the others join as learners), so the command may be killed at any
@@ -14,11 +14,11 @@ use crate::config::{Config, RecoverArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RecoveryRequest};
-use crate::init::observe::{view_from, HttpReports, Observer, PeerReports};
+use crate::observe::{view_from, HttpReports, Observer, PeerReports};
 use crate::volume;
 
-use super::plan::{plan, Plan};
 use super::{POLL, REPOST};
+use crate::recovery::{plan, recorded, Plan};
 
 /// How the command ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,20 +31,6 @@ pub enum Ended {
     Refused(String),
     /// `--yes`, but the survivor did not serve within `--timeout`.
     TimedOut(String),
-}
-
-/// A recovery under way or done: a volume's marker, with whether its forced start
-/// happened, and whether a sidecar still holds that request.
-pub fn recorded(f: &Facts) -> Option<(String, bool, bool)> {
-    let held = |id: &str| f.recovery_request.as_ref().is_some_and(|r| r.id == id);
-    if let Some(m) = &f.data.recovery {
-        return Some((m.id.clone(), m.applied(f.data.tail.as_ref()), held(&m.id)));
-    }
-    f.peers.iter().find_map(|p| {
-        let r = p.report.as_ref()?.as_ref().ok()?;
-        let m = r.recovery.as_ref()?;
-        Some((m.id.clone(), m.applied(r.log.as_ref()), held(&m.id)))
-    })
 }
 
 async fn look<D, C, R>(obs: &Observer<D, C, R>) -> anyhow::Result<Facts>

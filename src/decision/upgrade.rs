@@ -9,59 +9,7 @@
 
 use crate::facts::{EtcdVersion, Facts, VersionFacts};
 
-use super::decide::{Action, Decision, Why};
-
-/// The first 3.5 release a 3.6 member may join: earlier 3.5 releases can hold membership
-/// data that etcd 3.6 does not accept (etcd's upgrade notes: upgrade to 3.5.20 or newer first).
-pub const SAFE_FOR_3_6: EtcdVersion = EtcdVersion {
-    major: 3,
-    minor: 5,
-    patch: 20,
-};
-
-/// Why this pod's etcd release waits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Hold {
-    /// The binary is older than the cluster version: etcd never lowers it.
-    Older {
-        binary: EtcdVersion,
-        cluster: EtcdVersion,
-        peer: String,
-    },
-    /// The binary is more than one minor release ahead of a peer's release.
-    SkipsMinor {
-        binary: EtcdVersion,
-        server: EtcdVersion,
-        peer: String,
-    },
-    /// etcd 3.5 or newer beside a 3.4 peer while etcd's authentication is on.
-    AuthOn3_4 {
-        binary: EtcdVersion,
-        server: EtcdVersion,
-        peer: String,
-    },
-    /// etcd 3.6 or newer while a peer runs a release older than 3.5.20.
-    Before3_5_20 {
-        binary: EtcdVersion,
-        server: EtcdVersion,
-        peer: String,
-    },
-}
-
-fn minor(v: &EtcdVersion) -> String {
-    format!("{}.{}", v.major, v.minor)
-}
-
-impl std::fmt::Display for Hold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see README, Upgrades)", minor(cluster), minor(cluster)),
-            Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", server.major, server.minor + 1),
-            Hold::AuthOn3_4 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server} with authentication on, and a mixed 3.4/3.5 cluster with auth on can refuse requests and diverge (etcd-io/etcd#13976); disable auth (etcdctl auth disable), upgrade every member, then enable it again (see README, Upgrades)"),
-            Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see README, Upgrades)"),
-        }
-    }
-}
+use super::types::{Action, Decision, Hold, Why, SAFE_FOR_3_6};
 
 /// Parses `3.5.30` (or the first line of `etcd --version`: `etcd Version: 3.5.30`).
 pub fn parse_version(text: &str) -> Option<EtcdVersion> {

@@ -104,13 +104,13 @@ async fn send(
 /// Asks etcd's peer API at `ip` (pod `ordinal`'s peer port) for `/version`: whether that
 /// etcd serves its peers yet. With peer TLS, over mutual TLS with the peer certificate.
 pub async fn etcd_peer_version(
-    cfg: &crate::config::Config,
+    id: &crate::identity::Identity,
+    peer_tls: Option<&crate::tls::TlsMaterial>,
     ordinal: u32,
     ip: std::net::IpAddr,
     timeout: Duration,
 ) -> Result<(), GetError> {
-    let id = &cfg.identity;
-    let tls = cfg.peer_tls.as_ref().map(|t| t.client_config());
+    let tls = peer_tls.map(|t| t.client_config());
     get_with(
         SocketAddr::new(ip, id.peer_port),
         &id.host(ordinal),

@@ -320,6 +320,20 @@ pub fn automatic_pods(pods: &[Pod], replicas: u32, me: &str) -> Result<Plan, Str
     Ok(p)
 }
 
+/// A recovery under way or done: a volume's marker, with whether its forced start
+/// happened, and whether a sidecar still holds that request.
+pub fn recorded(f: &Facts) -> Option<(String, bool, bool)> {
+    let held = |id: &str| f.recovery_request.as_ref().is_some_and(|r| r.id == id);
+    if let Some(m) = &f.data.recovery {
+        return Some((m.id.clone(), m.applied(f.data.tail.as_ref()), held(&m.id)));
+    }
+    f.peers.iter().find_map(|p| {
+        let r = p.report.as_ref()?.as_ref().ok()?;
+        let m = r.recovery.as_ref()?;
+        Some((m.id.clone(), m.applied(r.log.as_ref()), held(&m.id)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

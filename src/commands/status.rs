@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
-use crate::init::observe::{HttpReports, Observer};
+use crate::observe::{HttpReports, Observer};
 
 const CALL: Duration = Duration::from_secs(2);
 
@@ -96,7 +96,7 @@ where
     let mut pods: Vec<Asked> = Vec::new();
     let own_report = match f.own_dns.first() {
         Some(ip) => {
-            use crate::init::observe::PeerReports;
+            use crate::observe::PeerReports;
             obs.reports
                 .report(&f.name, &id.host(f.ordinal), ip, CALL)
                 .await

@@ -1,25 +1,30 @@
-//! Gathers the [`Facts`] for one round of `init`: the data directory, this pod's and its
+//! Gathers the [`Facts`] of one look at the world: the data directory, this pod's and its
 //! peers' DNS names, a current view of the cluster from a voter that sees a leader, and
-//! the peers' reports of their own volumes.
+//! the peers' reports of their own volumes. Shared by `init`'s rounds, the sidecar's recovery
+//! and restore checks, `status` and the incident commands.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+mod backups;
+mod reports;
+mod versions;
+
+pub use backups::list_backups;
+pub use reports::{fetch_report, HttpReports, PeerReports, ReportError};
+pub use versions::{auth_on_3_4, binary_version, parse_peer_version};
+
 use crate::backup::store::Store;
-use crate::backup::{catalog, RestoreChoice};
+use crate::backup::RestoreChoice;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
-    PeerVersion, RecoveryRequest, RestoreRequest, RestoreWanted, SnapshotContent, SnapshotFacts,
-    VersionFacts,
+    RecoveryRequest, RestoreRequest, RestoreWanted, VersionFacts,
 };
-use crate::http_get;
-use crate::init::upgrade;
-use crate::report::{parse_report, MAX_REPORT_BYTES};
 use crate::volume::{self, VolumeError};
 
 /// How long one round may spend asking the cluster when the volume holds data (a restart
@@ -39,230 +44,6 @@ const REPORT_TIMEOUT: Duration = Duration::from_millis(1500);
 const OWN_REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 /// Ordinals beyond the initial size that are looked up, to notice pods of a scaled-up set.
 const EXTRA_ORDINALS: u32 = 2;
-
-/// Asks a peer's sidecar for its report of its volume: the evidence a formation rests on.
-pub trait PeerReports: Send + Sync {
-    /// The report of pod `name` (DNS name `host`) at `ip`, or why there is none.
-    fn report(
-        &self,
-        name: &str,
-        host: &str,
-        ip: IpAddr,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<PeerReport, String>> + Send;
-
-    /// What the etcd of pod `name` answers at `/version` on its peer port: its release and
-    /// the cluster version. Not asked by default (fakes that do not model versions).
-    fn version(
-        &self,
-        name: &str,
-        host: &str,
-        ip: IpAddr,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<PeerVersion, String>> + Send {
-        let _ = (name, host, ip, timeout);
-        std::future::ready(Err("not asked".to_string()))
-    }
-}
-
-/// Reports over HTTP from the peers' sidecars, on their peer-report port; with peer TLS,
-/// only over mutual TLS with the peer certificates. Without peer TLS a pod of the previous
-/// release serves its report on the probe port only: when nothing listens on the
-/// peer-report port, the probe port is asked.
-#[derive(Clone)]
-pub struct HttpReports {
-    port: u16,
-    /// Without peer TLS: the probe port, asked when the peer-report port refuses.
-    fallback: Option<u16>,
-    /// The peer TLS material, as its files hold it at each request.
-    tls: Option<crate::tls::TlsMaterial>,
-    /// etcd's peer port, where `/version` is asked (over the peer TLS, when on).
-    peer_port: u16,
-}
-
-impl HttpReports {
-    pub fn new(cfg: &Config) -> Self {
-        HttpReports {
-            port: cfg.peer_report_port,
-            fallback: cfg.peer_tls.is_none().then_some(cfg.http_port),
-            tls: cfg.peer_tls.clone(),
-            peer_port: cfg.identity.peer_port,
-        }
-    }
-}
-
-impl PeerReports for HttpReports {
-    async fn report(
-        &self,
-        name: &str,
-        host: &str,
-        ip: IpAddr,
-        timeout: Duration,
-    ) -> Result<PeerReport, String> {
-        let addr = SocketAddr::new(ip, self.port);
-        let tls = self
-            .tls
-            .as_ref()
-            .map(crate::tls::TlsMaterial::client_config);
-        match (
-            fetch_report(addr, host, name, tls.as_ref(), timeout).await,
-            self.fallback,
-        ) {
-            (Err(ReportError::Refused(_)), Some(port)) => {
-                let addr = SocketAddr::new(ip, port);
-                fetch_report(addr, host, name, None, timeout)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            (r, _) => r.map_err(|e| e.to_string()),
-        }
-    }
-
-    async fn version(
-        &self,
-        name: &str,
-        host: &str,
-        ip: IpAddr,
-        timeout: Duration,
-    ) -> Result<PeerVersion, String> {
-        let addr = SocketAddr::new(ip, self.peer_port);
-        let tls = self
-            .tls
-            .as_ref()
-            .map(crate::tls::TlsMaterial::client_config);
-        let (code, body) = http_get::get_with(addr, host, "/version", timeout, 4096, tls.as_ref())
-            .await
-            .map_err(|e| e.to_string())?;
-        if code != 200 {
-            return Err(format!("/version answered {code}"));
-        }
-        parse_peer_version(name, &body)
-    }
-}
-
-/// Whether a peer that still runs etcd 3.4 has authentication on: asked only when this pod
-/// would start etcd 3.5 or newer beside it (the one upgrade path etcd calls unsafe with auth
-/// on, see [`upgrade`]), of the first such peer whose name resolved.
-pub async fn auth_on_3_4<C: Connector>(
-    connector: &C,
-    id: &crate::identity::Identity,
-    f: &Facts,
-) -> Option<bool> {
-    let binary = f.versions.binary?;
-    if (binary.major, binary.minor) < (3, 5) {
-        return None;
-    }
-    for v in f
-        .versions
-        .peers
-        .iter()
-        .filter(|v| (v.server.major, v.server.minor) == (3, 4))
-    {
-        let Some(p) = f.peers.iter().find(|p| p.name == v.name) else {
-            continue;
-        };
-        let Some(ip) = p.dns.first() else {
-            continue;
-        };
-        if let Some(on) = connector
-            .auth_enabled(&id.host(p.ordinal), ip, id.client_port)
-            .await
-        {
-            return Some(on);
-        }
-    }
-    None
-}
-
-/// `etcd --version` of the binary this pod starts; `None` (logged) when it cannot be read,
-/// which holds no start (see [`upgrade`]).
-pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdVersion> {
-    // A blocking thread, not tokio's process driver: it holds a paused test clock still,
-    // and `etcd --version` answers at once.
-    let run = {
-        let bin = bin.to_path_buf();
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(bin).arg("--version").output()
-        })
-    };
-    let out = match tokio::time::timeout(Duration::from_secs(10), run).await {
-        Ok(Ok(Ok(out))) if out.status.success() => out,
-        Ok(Ok(Ok(out))) => {
-            tracing::warn!(bin = %bin.display(), status = %out.status, "etcd --version failed: its release is unknown, no upgrade check holds it");
-            return None;
-        }
-        Ok(Ok(Err(e))) => {
-            tracing::warn!(bin = %bin.display(), error = %e, "etcd --version could not run: its release is unknown, no upgrade check holds it");
-            return None;
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(bin = %bin.display(), error = %e, "etcd --version did not finish: its release is unknown, no upgrade check holds it");
-            return None;
-        }
-        Err(_) => {
-            tracing::warn!(bin = %bin.display(), "etcd --version did not answer within 10s: its release is unknown, no upgrade check holds it");
-            return None;
-        }
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = upgrade::parse_version(&text);
-    match v {
-        Some(v) => tracing::info!(bin = %bin.display(), version = %v, "etcd release"),
-        None => {
-            tracing::warn!(bin = %bin.display(), output = %text, "etcd --version names no release: no upgrade check holds it")
-        }
-    }
-    v
-}
-
-/// What the store holds, as the restore choice reads it (`init::decide`); a store that does
-/// not answer is said so.
-pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
-    match catalog::list_stored(store).await {
-        Ok(stored) => BackupFacts::Listed {
-            wanted,
-            snapshots: stored
-                .iter()
-                .map(|(m, object)| SnapshotFacts {
-                    name: m.name.clone(),
-                    revision: m.revision,
-                    time_unix: m.time_unix,
-                    verified: m.verified,
-                    drill_failed: m.drill.as_ref().is_some_and(|d| !d.passed),
-                    content: SnapshotContent {
-                        sha256: m.sha256.clone(),
-                        size: object.as_ref().map(|o| o.size),
-                        etag: object.as_ref().and_then(|o| o.e_tag.clone()),
-                    },
-                    key: m.encryption.as_ref().map(|e| e.key.clone()),
-                })
-                .collect(),
-            keys: store.keys().fingerprints(),
-        },
-        Err(e) => BackupFacts::Unreachable {
-            error: e.to_string(),
-        },
-    }
-}
-
-/// Reads etcd's `/version` answer: `{"etcdserver":"3.5.30","etcdcluster":"3.5.0"}`
-/// (`etcdcluster` is `not_decided` until the cluster agreed on one).
-pub fn parse_peer_version(name: &str, body: &[u8]) -> Result<PeerVersion, String> {
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        etcdserver: String,
-        etcdcluster: String,
-    }
-    let a: Answer =
-        serde_json::from_slice(body).map_err(|e| format!("/version unreadable: {e}"))?;
-    let server = upgrade::parse_version(&a.etcdserver)
-        .ok_or_else(|| format!("/version names no release: {:?}", a.etcdserver))?;
-    Ok(PeerVersion {
-        name: name.to_string(),
-        server,
-        cluster: upgrade::parse_version(&a.etcdcluster),
-    })
-}
 
 pub struct Observer<D, C, R> {
     pub cfg: Config,
@@ -607,38 +388,6 @@ pub async fn view_from<C: Connector>(
         leader: status.leader,
         members,
     })
-}
-
-/// GETs and checks a peer's report of its volume.
-pub async fn fetch_report(
-    addr: SocketAddr,
-    host: &str,
-    name: &str,
-    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
-    timeout: Duration,
-) -> Result<PeerReport, ReportError> {
-    let (status, body) =
-        http_get::get_with(addr, host, "/peer/report", timeout, MAX_REPORT_BYTES, tls)
-            .await
-            .map_err(|e| match e {
-                http_get::GetError::Refused(a) => ReportError::Refused(a),
-                other => ReportError::Failed(other.to_string()),
-            })?;
-    if status != 200 {
-        return Err(ReportError::Failed(format!("answered HTTP {status}")));
-    }
-    parse_report(&body, name).map_err(|e| ReportError::Failed(e.to_string()))
-}
-
-/// Why a peer's report was not had.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReportError {
-    /// Nothing listens at the address (a pod of the previous release, on the peer-report
-    /// port).
-    #[error("connection to {0} refused")]
-    Refused(SocketAddr),
-    #[error("{0}")]
-    Failed(String),
 }
 
 #[cfg(test)]

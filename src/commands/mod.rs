@@ -1,11 +1,13 @@
-//! Recovery from the freshest surviving volume when a majority is lost: the pure
-//! [`plan`], and the `etcd-steward recover` command that prints it and, with `--yes`, hands
-//! it to every pod; and `restore --snapshot` (`to_snapshot`), which takes a live cluster
-//! back to a snapshot through the same pods.
+//! The incident commands an operator runs with `kubectl exec`: [`status`], [`recover`]
+//! (prints the plan of [`crate::recovery`] and, with `--yes`, hands it to every pod),
+//! [`restore`] (`restore --snapshot`: takes a live cluster back to a snapshot through the
+//! same pods), and [`leave`] (`leave`, `rejoin`). The two that hand requests to the pods
+//! share [`hand_over`] here.
 
-pub mod command;
-pub mod plan;
-pub mod to_snapshot;
+pub mod leave;
+pub mod recover;
+pub mod restore;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -58,11 +60,11 @@ pub async fn hand_over(
                 continue;
             }
         };
-        let r = crate::http_get::post_json(
+        let r = crate::http_client::post_json(
             SocketAddr::new(ip, port),
             &cfg.identity.host(o),
             path,
-            crate::http_get::Post {
+            crate::http_client::Post {
                 body: body.to_vec(),
                 authorization,
             },

@@ -14,9 +14,9 @@ use crate::config::{Config, SnapshotRestoreArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
-use crate::init::observe::{HttpReports, Observer};
+use crate::observe::{HttpReports, Observer};
 
-use super::command::Ended;
+use super::recover::Ended;
 use super::{POLL, REPOST};
 
 /// Every pod of `f` with its report's `restored_for` (`None` for a silent pod).

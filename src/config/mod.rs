@@ -1,0 +1,115 @@
+//! Command-line and environment options, validated once into a typed [`Config`].
+//! Every bad option is reported in one run, each naming the constraint it breaks.
+//! No other module reads the environment.
+//!
+//! [`cli`] holds the clap structs; each concern validates its own options in a file of its
+//! own ([`common`], [`backup`], [`defrag`], [`kube`]) with the helpers of [`parse`], one per
+//! kind of value. `Config` is made of the settings types of the modules it configures
+//! (`etcd::Access`, `backup::BackupConfig`, `policy::DefragPolicy`, `kube_api::KubeAccess`…):
+//! each module is handed its own part, never the whole.
+
+mod backup;
+pub mod cli;
+mod common;
+mod defrag;
+mod kube;
+pub mod parse;
+#[cfg(test)]
+mod tests;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::identity::Identity;
+use crate::tls::TlsMaterial;
+
+pub use cli::*;
+
+/// Every broken constraint found in one run of validation.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid configuration: {}", .problems.join("; "))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+/// The validated configuration both roles run on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub identity: Identity,
+    pub replicas: u32,
+    pub data_dir: PathBuf,
+    pub http_port: u16,
+    pub listen_ip: IpAddr,
+    pub dns_server: Option<SocketAddr>,
+    pub etcd_bin: PathBuf,
+    pub learner_stall_timeout: Duration,
+    /// `--auto-recover-after`: off when `None`.
+    pub auto_recover_after: Option<Duration>,
+    /// How the agent reaches etcd: client TLS (`--client-*-file`) and credentials.
+    pub etcd: crate::etcd::Access,
+    pub peer_tls: Option<TlsMaterial>,
+    pub peer_report_port: u16,
+    /// `--control-token-file`: the token control requests must carry.
+    pub control_token: Option<crate::control::ControlToken>,
+    /// Backups, when `--backup-url` is given.
+    pub backup: Option<crate::backup::BackupConfig>,
+    /// Defragmentation and the NOSPACE alarm (sidecar).
+    pub defrag: crate::sidecar::plan::defrag::DefragPolicy,
+    /// The Kubernetes API, when its URL is known (`--kube-api-url`, or in a cluster).
+    pub kube: Option<crate::kube_api::KubeAccess>,
+    /// `--scale-in`: how often the leader's sidecar asks the API.
+    pub scale_in: Option<Duration>,
+}
+
+impl Config {
+    /// The address local clients use to reach this pod's etcd and sidecar: the listen
+    /// address, or loopback when etcd listens on every address.
+    pub fn local_ip(&self) -> IpAddr {
+        if self.listen_ip.is_unspecified() {
+            IpAddr::from([127, 0, 0, 1])
+        } else {
+            self.listen_ip
+        }
+    }
+}
+
+/// `init`'s validated options.
+#[derive(Debug, Clone)]
+pub struct InitConfig {
+    pub config: Config,
+    pub dry_run: bool,
+    pub etcd_args: Vec<String>,
+}
+
+/// With backups configured (a restore or a drill may run): runs etcd's offline tool once,
+/// bounded, and keeps what it learned (its version, whether it can move the revision
+/// forward). A tool that does not run is refused here, at start, rather than when every
+/// volume is lost and the restore needs it.
+pub async fn check_restore_tool(cfg: &mut Config) -> Result<(), ConfigError> {
+    let Some(backup) = cfg.backup.as_mut() else {
+        return Ok(());
+    };
+    let looked = backup.tool.looked_at();
+    match backup
+        .tool
+        .clone()
+        .check(crate::backup::tool::CHECK_TIMEOUT)
+        .await
+    {
+        Ok(tool) => {
+            backup.tool = tool;
+            Ok(())
+        }
+        Err(e) => {
+            let said = e.to_string().replace(['\n', '\r'], " ");
+            Err(ConfigError {
+                problems: vec![format!(
+                    "--etcdutl-bin: etcd's offline tool, which restores and drills need with --backup-url, does not run: {said} (looked at {looked}; give its path with --etcdutl-bin)"
+                )],
+            })
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Option parsing and validation, through `Cli::try_parse_from`.
+
+use clap::Parser;
+
+use super::*;
+
+fn parse(args: &[&str]) -> Cli {
+    match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => panic!("parse failed: {e}"),
+    }
+}
+
+fn common(args: &[&str]) -> CommonArgs {
+    let mut full = vec!["etcd-steward", "sidecar", "--hostname-fallback", ""];
+    full.extend_from_slice(args);
+    match parse(&full).command {
+        Command::Sidecar(s) => s.common,
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn scale_in_needs_the_api_and_an_interval_of_at_least_a_second() {
+    let base = [
+        "--name",
+        "etcd-4",
+        "--replicas",
+        "3",
+        "--kubernetes-service-host=",
+    ];
+    let with = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        common(&a).validate()
+    };
+    let problems = |r: Result<Config, ConfigError>| match r {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.problems.join("; "),
+    };
+    assert!(problems(with(&["--scale-in"])).contains("--scale-in needs the Kubernetes API"));
+    let p = problems(with(&[
+        "--scale-in",
+        "--kube-api-url=http://127.0.0.1:8001",
+        "--scale-in-interval=0s",
+    ]));
+    assert!(
+        p.contains("--scale-in-interval must be a duration of at least 1s"),
+        "{p}"
+    );
+    assert!(problems(with(&[
+        "--scale-in",
+        "--kube-api-url=https://10.96.0.1",
+        "--kube-ca-file=/nonexistent/ca.crt"
+    ]))
+    .contains("--kube-ca-file"));
+    let c = match with(&["--scale-in", "--kube-api-url=http://127.0.0.1:8001"]) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(c.scale_in, Some(Duration::from_secs(10)));
+    assert_eq!(c.kube.map(|k| k.statefulset), Some("etcd".to_string()));
+    // Off by default; in a cluster the API's address is known all the same (for the
+    // preStop hook, `leave --if-scaled-in`).
+    let c = match common(&[
+        "--name",
+        "etcd-0",
+        "--replicas",
+        "3",
+        "--kubernetes-service-host=10.96.0.1",
+        "--kubernetes-service-port=443",
+    ])
+    .validate()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(c.scale_in, None);
+    assert_eq!(
+        c.kube.map(|k| k.url),
+        Some("https://10.96.0.1:443".to_string())
+    );
+}
+
+#[test]
+fn defaults_follow_the_statefulset_conventions() {
+    let c = common(&["--name", "etcd-2", "--replicas", "3"]).validate();
+    let c = c.map_err(|e| e.to_string());
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(c.identity.set_name, "etcd");
+    assert_eq!(c.identity.service, "etcd");
+    assert_eq!(c.identity.ordinal, 2);
+    assert_eq!(c.identity.host(2), "etcd-2.etcd.default.svc.cluster.local");
+    assert_eq!(c.data_dir, PathBuf::from("/var/lib/etcd"));
+    assert_eq!(
+        (c.identity.client_port, c.identity.peer_port, c.http_port),
+        (2379, 2380, 8080)
+    );
+    assert_eq!(c.learner_stall_timeout, Duration::from_secs(300));
+    assert!(c.dns_server.is_none());
+}
+
+#[test]
+fn every_broken_constraint_is_reported_in_one_run() {
+    let err = common(&[
+        "--name",
+        "etcd",
+        "--replicas",
+        "0",
+        "--client-port",
+        "70000",
+        "--peer-port",
+        "8080",
+        "--listen-ip",
+        "pod.local",
+        "--dns-server",
+        "10.0.0.1",
+        "--learner-stall-timeout",
+        "soon",
+    ])
+    .validate()
+    .err()
+    .map(|e| e.problems)
+    .unwrap_or_default();
+    let text = err.join("\n");
+    for needle in [
+        "-<ordinal>",
+        "--replicas",
+        "--client-port",
+        "--peer-port and --http-port must differ",
+        "--listen-ip",
+        "--dns-server",
+        "--learner-stall-timeout",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert_eq!(err.len(), 7, "{text}");
+}
+
+#[test]
+fn missing_name_falls_back_to_hostname() {
+    let full = [
+        "etcd-steward",
+        "sidecar",
+        "--hostname-fallback",
+        "db-4",
+        "--replicas",
+        "5",
+    ];
+    let Command::Sidecar(s) = parse(&full).command else {
+        unreachable!()
+    };
+    let c = s.common.validate().map_err(|e| e.to_string());
+    assert_eq!(c.map(|c| c.identity.ordinal), Ok(4));
+}
+
+#[test]
+fn init_takes_extra_etcd_args_after_double_dash() {
+    let Command::Init(i) = parse(&[
+        "etcd-steward",
+        "init",
+        "--name",
+        "etcd-0",
+        "--replicas",
+        "1",
+        "--dry-run",
+        "--",
+        "--quota-backend-bytes",
+        "8589934592",
+    ])
+    .command
+    else {
+        unreachable!()
+    };
+    assert!(i.dry_run);
+    assert_eq!(i.etcd_args, ["--quota-backend-bytes", "8589934592"]);
+}
+
+#[test]
+fn a_missing_etcd_binary_is_a_configuration_error() {
+    let Command::Init(i) = parse(&[
+        "etcd-steward",
+        "init",
+        "--name",
+        "etcd-0",
+        "--replicas",
+        "1",
+        "--etcd-bin",
+        "/nonexistent/etcd",
+    ])
+    .command
+    else {
+        unreachable!()
+    };
+    let err = i
+        .validate()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("--etcd-bin \"/nonexistent/etcd\" does not exist"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_options_are_rejected_by_the_parser() {
+    assert!(Cli::try_parse_from(["etcd-steward", "init", "--bogus"]).is_err());
+}
+
+/// Backup options (issue 10).
+#[allow(clippy::unwrap_used)]
+mod backup_options {
+    use super::*;
+
+    #[test]
+    fn without_a_backup_url_there_are_no_backups() {
+        let c = common(&["--name", "etcd-0", "--replicas", "3"])
+            .validate()
+            .unwrap();
+        assert_eq!(c.backup, None);
+    }
+
+    #[test]
+    fn backup_options_default_to_latest_restore_every_30m_keeping_48() {
+        let c = common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--backup-url",
+            "s3://bucket/etcd",
+        ])
+        .validate()
+        .unwrap();
+        let b = c.backup.unwrap();
+        assert_eq!(b.url, "s3://bucket/etcd");
+        assert_eq!(b.interval, Duration::from_secs(1800));
+        assert_eq!(b.keep, 48);
+        assert_eq!(b.restore, crate::backup::RestoreChoice::Latest);
+        // Which tool is found depends on this machine's PATH (tool.rs tests the search).
+        assert_eq!(b.tool.bump_revision, 1_000_000_000);
+    }
+
+    #[test]
+    fn bad_backup_options_are_reported_with_the_others() {
+        let e = common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "0",
+            "--backup-url",
+            "ftp://x",
+            "--backup-interval",
+            "soon",
+            "--backup-keep",
+            "0",
+            "--restore",
+            "../x",
+            "--restore-bump-revision",
+            "1e9",
+        ])
+        .validate()
+        .unwrap_err();
+        let all = e.problems.join("\n");
+        for flag in [
+            "--replicas",
+            "--backup-url",
+            "--backup-interval",
+            "--backup-keep",
+            "--restore",
+            "--restore-bump-revision",
+        ] {
+            assert!(all.contains(flag), "{flag} missing from {all}");
+        }
+    }
+
+    #[test]
+    fn a_named_restore_needs_a_backup_url() {
+        let e = common(&["--name", "etcd-0", "--replicas", "1", "--restore", "latest"])
+            .validate()
+            .unwrap_err();
+        assert!(e.problems[0].contains("--backup-url"), "{e}");
+        let c = common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--backup-url",
+            "file:///b",
+            "--restore",
+            "never",
+            "--etcdutl-bin",
+            "/usr/bin/etcdctl",
+        ])
+        .validate()
+        .unwrap();
+        let b = c.backup.unwrap();
+        assert_eq!(b.restore, crate::backup::RestoreChoice::Never);
+        assert_eq!(b.tool.kind, crate::backup::tool::ToolKind::Etcdctl);
+    }
+}
+#[test]
+fn defrag_options_default_on_and_bad_ones_name_their_constraint() {
+    let c = match common(&["--name", "etcd-0", "--replicas", "3"]).validate() {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let t = c.defrag.threshold.map(|t| (t.free_percent, t.free_bytes));
+    assert_eq!(t, Some((50, 100 << 20)));
+    assert_eq!(c.defrag.schedule, None);
+    assert_eq!(c.defrag.quota, 2 << 30);
+    let c = common(&[
+        "--name",
+        "etcd-0",
+        "--replicas",
+        "3",
+        "--defrag-threshold",
+        "0",
+        "--defrag-schedule",
+        "24h",
+        "--quota-backend-bytes",
+        "16MiB",
+    ])
+    .validate();
+    let c = c.map_err(|e| e.to_string());
+    assert!(
+        matches!(&c, Ok(c) if c.defrag.threshold.is_none()
+        && c.defrag.schedule == Some(Duration::from_secs(86_400))
+        && c.defrag.quota == 16 << 20),
+        "{c:?}"
+    );
+    let e = common(&[
+        "--name",
+        "etcd-0",
+        "--replicas",
+        "3",
+        "--defrag-threshold",
+        "half",
+        "--defrag-schedule",
+        "1s",
+        "--quota-backend-bytes",
+        "lots",
+    ])
+    .validate();
+    let text = e
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+        .err()
+        .unwrap_or_default();
+    assert!(text.contains("--defrag-threshold"), "{text}");
+    assert!(
+        text.contains("--defrag-schedule must be a duration of at least 1m"),
+        "{text}"
+    );
+    assert!(text.contains("--quota-backend-bytes"), "{text}");
+}
