@@ -8,6 +8,11 @@
 //! without a restart; its content is compared in constant time.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long a control request is held: long enough for kubelet to restart a container,
+/// short enough never to act on a later, different outage.
+pub const REQUEST_TTL: Duration = Duration::from_secs(15 * 60);
 
 /// The option that turns control requests on without peer TLS, as refusals name it.
 pub const TOKEN_OPTION: &str = "--control-token-file";

@@ -491,6 +491,28 @@ pub struct EtcdVersion {
     pub patch: u32,
 }
 
+impl EtcdVersion {
+    /// Parses `3.5.30` (or the first line of `etcd --version`: `etcd Version: 3.5.30`).
+    pub fn parse(text: &str) -> Option<EtcdVersion> {
+        let line = text.lines().find(|l| !l.trim().is_empty())?;
+        let v = line.trim().rsplit(' ').next()?.trim_start_matches('v');
+        let mut parts = v.splitn(3, '.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        // A pre-release or build suffix (3.6.0-rc.1) keeps its number.
+        let patch: String = parts
+            .next()?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        Some(EtcdVersion {
+            major,
+            minor,
+            patch: patch.parse().ok()?,
+        })
+    }
+}
+
 impl std::fmt::Display for EtcdVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)

@@ -11,7 +11,6 @@ use etcd_steward::config::{Cli, Command, Config, ConfigError, InitConfig};
 use etcd_steward::dns::HickoryDns;
 use etcd_steward::etcd::EtcdClientConnector;
 use etcd_steward::init::{self, Outcome};
-use etcd_steward::observe::HttpReports;
 use etcd_steward::{backup, commands, exec, sidecar};
 
 /// EX_USAGE: a configuration error.
@@ -200,7 +199,7 @@ fn init_command(mut cfg: InitConfig) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     let dns = HickoryDns::new(cfg.config.dns_server)?;
     let connector = EtcdClientConnector::new(&cfg.config.etcd);
-    let reports = HttpReports::new(&cfg.config);
+    let reports = cfg.config.peer_reports();
     match rt.block_on(init::run(cfg, dns, connector, reports))? {
         Outcome::DryRun(decision) => {
             println!("{decision}");

@@ -251,9 +251,9 @@ fn reports_config(extra: &[String]) -> etcd_steward::config::Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_are_asked_on_the_peer_report_port_first_and_on_the_probe_port_only_when_nothing_listens_there(
 ) {
-    use etcd_steward::observe::{HttpReports, PeerReports};
+    use etcd_steward::observe::PeerReports;
     let timeout = Duration::from_secs(3);
-    let reports = HttpReports::new(&reports_config(&[]));
+    let reports = reports_config(&[]).peer_reports();
 
     // A pod of this release: its 8443 answers, and 8080 (garbage here) is never asked.
     let new = own_ip(242);
@@ -280,7 +280,7 @@ async fn reports_are_asked_on_the_peer_report_port_first_and_on_the_probe_port_o
         .into_iter()
         .filter(|a| a.starts_with("--peer-"))
         .collect();
-    let tls_reports = HttpReports::new(&reports_config(&tls_args));
+    let tls_reports = reports_config(&tls_args).peer_reports();
     let r = tls_reports.report("etcd-2", "etcd-2", old, timeout).await;
     assert!(
         r.is_err(),

@@ -221,7 +221,7 @@ where
         }
     }
     tracing::warn!(member_id = %format!("{:x}", status.member_id), "leave: member removed; stopping etcd");
-    match crate::sidecar::recovery::find_etcd(&cfg.data_dir) {
+    match crate::exec::find_etcd(&cfg.data_dir) {
         Some(pid) => {
             if let Some(p) = rustix::process::Pid::from_raw(pid) {
                 let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);

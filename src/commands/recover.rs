@@ -14,7 +14,7 @@ use crate::config::{Config, RecoverArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RecoveryRequest};
-use crate::observe::{view_from, HttpReports, Observer, PeerReports};
+use crate::observe::{view_from, Observer, PeerReports};
 use crate::volume;
 
 use super::{POLL, REPOST};
@@ -41,7 +41,7 @@ where
 {
     let mut f = obs.observe(String::new()).await?;
     if f.data.has_data() {
-        f.data.tail = volume::log_tail(&obs.cfg.data_dir)?;
+        f.data.tail = volume::log_tail(&obs.pod.data_dir)?;
     }
     Ok(f)
 }
@@ -62,9 +62,9 @@ where
             return Ok(Ended::Refused(why));
         }
     }
-    let reports = HttpReports::new(&cfg);
+    let reports = cfg.peer_reports();
     let obs = Observer {
-        cfg: cfg.clone(),
+        pod: cfg.pod(),
         dns,
         connector: connector.clone(),
         reports,
@@ -103,10 +103,10 @@ where
         id: plan.id.clone(),
         survivor: plan.survivor.clone(),
         force_lost: args.force_lost.clone(),
-        expires_unix: unix_now() + crate::sidecar::recovery::REQUEST_TTL.as_secs(),
+        expires_unix: unix_now() + crate::control::REQUEST_TTL.as_secs(),
     };
     request(&cfg, &f, &req, true).await?;
-    follow(&obs, &f, &plan, &req, args.timeout).await
+    follow(&cfg, &obs, &f, &plan, &req, args.timeout).await
 }
 
 /// Hands the request to every pod whose name resolves (saying, with `say`, which took it);
@@ -132,6 +132,7 @@ async fn request(cfg: &Config, f: &Facts, req: &RecoveryRequest, say: bool) -> a
 
 /// Follows the recovery until the survivor serves (a leader and a linearizable read).
 async fn follow<D, C, R>(
+    cfg: &Config,
     obs: &Observer<D, C, R>,
     f: &Facts,
     plan: &Plan,
@@ -143,7 +144,6 @@ where
     C: Connector + Clone + 'static,
     R: PeerReports + Clone + 'static,
 {
-    let cfg = &obs.cfg;
     let Some(o) = cfg.identity.ordinal_of_name(&plan.survivor) else {
         anyhow::bail!("{} is not a pod of this set", plan.survivor);
     };

@@ -14,7 +14,7 @@ use crate::config::{Config, SnapshotRestoreArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
-use crate::observe::{HttpReports, Observer};
+use crate::observe::Observer;
 
 use super::recover::Ended;
 use super::{POLL, REPOST};
@@ -74,8 +74,8 @@ where
         )));
     }
     let obs = Observer {
-        reports: HttpReports::new(&cfg),
-        cfg: cfg.clone(),
+        reports: cfg.peer_reports(),
+        pod: cfg.pod(),
         dns,
         connector,
         store: None,
@@ -117,7 +117,7 @@ where
     let request = RestoreRequest {
         id: id.clone(),
         snapshot: m.name.clone(),
-        expires_unix: unix_now() + crate::sidecar::recovery::REQUEST_TTL.as_secs(),
+        expires_unix: unix_now() + crate::control::REQUEST_TTL.as_secs(),
     };
     let took = hand_over(&cfg, &f, &request).await?;
     if took < f.replicas as usize {

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
-use crate::observe::{HttpReports, Observer};
+use crate::observe::Observer;
 
 const CALL: Duration = Duration::from_secs(2);
 
@@ -84,8 +84,8 @@ where
     C: Connector + Clone + 'static,
 {
     let obs = Observer {
-        reports: HttpReports::new(&cfg),
-        cfg: cfg.clone(),
+        reports: cfg.peer_reports(),
+        pod: cfg.pod(),
         dns,
         connector: connector.clone(),
         store: None,

@@ -74,6 +74,28 @@ impl Config {
             self.listen_ip
         }
     }
+
+    /// This pod as the observer needs it.
+    pub fn pod(&self) -> crate::observe::Pod {
+        crate::observe::Pod {
+            identity: self.identity.clone(),
+            replicas: self.replicas,
+            data_dir: self.data_dir.clone(),
+            restore: self.backup.as_ref().map(|b| b.restore.clone()),
+        }
+    }
+
+    /// The peers' reports, asked as this configuration says: on their peer-report port,
+    /// over peer TLS when it is on; without it, on the probe port too (a pod of the
+    /// previous release serves its report there only).
+    pub fn peer_reports(&self) -> crate::observe::HttpReports {
+        crate::observe::HttpReports::new(
+            self.peer_report_port,
+            self.peer_tls.is_none().then_some(self.http_port),
+            self.peer_tls.clone(),
+            self.identity.peer_port,
+        )
+    }
 }
 
 /// `init`'s validated options.

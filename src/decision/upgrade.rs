@@ -11,24 +11,9 @@ use crate::facts::{EtcdVersion, Facts, VersionFacts};
 
 use super::types::{Action, Decision, Hold, Why, SAFE_FOR_3_6};
 
-/// Parses `3.5.30` (or the first line of `etcd --version`: `etcd Version: 3.5.30`).
+/// Parses `3.5.30` (or the first line of `etcd --version`); see [`EtcdVersion::parse`].
 pub fn parse_version(text: &str) -> Option<EtcdVersion> {
-    let line = text.lines().find(|l| !l.trim().is_empty())?;
-    let v = line.trim().rsplit(' ').next()?.trim_start_matches('v');
-    let mut parts = v.splitn(3, '.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    // A pre-release or build suffix (3.6.0-rc.1) keeps its number.
-    let patch: String = parts
-        .next()?
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    Some(EtcdVersion {
-        major,
-        minor,
-        patch: patch.parse().ok()?,
-    })
+    EtcdVersion::parse(text)
 }
 
 /// Why the binary must wait, if a peer's answer says so.

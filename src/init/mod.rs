@@ -67,7 +67,7 @@ where
         _ => None,
     };
     let observer = Observer {
-        cfg: cfg.clone(),
+        pod: cfg.pod(),
         dns,
         connector: connector.clone(),
         reports,

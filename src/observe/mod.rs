@@ -18,13 +18,13 @@ pub use versions::{auth_on_3_4, binary_version, parse_peer_version};
 
 use crate::backup::store::Store;
 use crate::backup::RestoreChoice;
-use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{
     BackupFacts, ClusterFacts, ClusterView, Endpoint, Facts, Lookup, PeerFacts, PeerReport,
     RecoveryRequest, RestoreRequest, RestoreWanted, VersionFacts,
 };
+use crate::identity::Identity;
 use crate::volume::{self, VolumeError};
 
 /// How long one round may spend asking the cluster when the volume holds data (a restart
@@ -45,8 +45,19 @@ const OWN_REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 /// Ordinals beyond the initial size that are looked up, to notice pods of a scaled-up set.
 const EXTRA_ORDINALS: u32 = 2;
 
+/// What the observer knows of this pod: who it is, the set's initial size, its volume,
+/// and which snapshot a new cluster restores (`--restore`, when backups are configured).
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub identity: Identity,
+    pub replicas: u32,
+    pub data_dir: std::path::PathBuf,
+    pub restore: Option<RestoreChoice>,
+}
+
 pub struct Observer<D, C, R> {
-    pub cfg: Config,
+    /// This pod, as the observer needs to know it.
+    pub pod: Pod,
     pub dns: D,
     pub connector: C,
     pub reports: R,
@@ -67,13 +78,13 @@ where
 {
     /// The ordinals of the other pods worth asking.
     fn peer_ordinals(&self) -> Vec<u32> {
-        let me = self.cfg.identity.ordinal;
-        let top = self.cfg.replicas.max(me + 1) + EXTRA_ORDINALS;
+        let me = self.pod.identity.ordinal;
+        let top = self.pod.replicas.max(me + 1) + EXTRA_ORDINALS;
         (0..top).filter(|o| *o != me).collect()
     }
 
     pub async fn observe(&self, fresh_nonce: String) -> Result<Facts, VolumeError> {
-        let cfg = &self.cfg;
+        let cfg = &self.pod;
         let id = &cfg.identity;
         let data = volume::inspect(&cfg.data_dir)?;
 
@@ -224,11 +235,11 @@ where
     /// (this volume empty, no cluster answering, or a restore request pending), as the list
     /// costs a request per snapshot.
     async fn backups(&self, may_form: bool, restore: Option<&RestoreRequest>) -> BackupFacts {
-        let (Some(store), Some(b)) = (&self.store, &self.cfg.backup) else {
+        let (Some(store), Some(restore_choice)) = (&self.store, &self.pod.restore) else {
             return BackupFacts::Off;
         };
         // An operator's restore request names the snapshot, whatever --restore says.
-        let wanted = match (restore, &b.restore) {
+        let wanted = match (restore, restore_choice) {
             (Some(r), _) => RestoreWanted::Named(r.snapshot.clone()),
             (None, RestoreChoice::Never) => return BackupFacts::Off,
             (None, RestoreChoice::Latest) => RestoreWanted::Latest,
@@ -243,13 +254,13 @@ where
     /// Asks every resolved peer's etcd at once; the first voter that sees a leader and
     /// serves a linearizable read gives the view.
     async fn cluster_view(&self, peers: &[(u32, Lookup)], deadline: Duration) -> ClusterFacts {
-        let id = &self.cfg.identity;
+        let id = &self.pod.identity;
         let mut tried = Vec::new();
         let mut set = JoinSet::new();
         for (o, lookup) in peers {
             let host = id.host(*o);
             let Some(ip) = lookup.first() else {
-                if *o < self.cfg.replicas {
+                if *o < self.pod.replicas {
                     tried.push(format!("{}: {}", id.pod_name(*o), describe(lookup)));
                 }
                 continue;

@@ -6,7 +6,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::versions::parse_peer_version;
-use crate::config::Config;
 use crate::facts::{PeerReport, PeerVersion};
 use crate::http_client;
 use crate::report::{parse_report, MAX_REPORT_BYTES};
@@ -52,12 +51,20 @@ pub struct HttpReports {
 }
 
 impl HttpReports {
-    pub fn new(cfg: &Config) -> Self {
+    /// Asks each peer's sidecar on `port` (its peer-report port), and without peer TLS on
+    /// `fallback` (its probe port) when nothing listens there; etcd's `/version` on
+    /// `peer_port`.
+    pub fn new(
+        port: u16,
+        fallback: Option<u16>,
+        tls: Option<crate::tls::TlsMaterial>,
+        peer_port: u16,
+    ) -> Self {
         HttpReports {
-            port: cfg.peer_report_port,
-            fallback: cfg.peer_tls.is_none().then_some(cfg.http_port),
-            tls: cfg.peer_tls.clone(),
-            peer_port: cfg.identity.peer_port,
+            port,
+            fallback,
+            tls,
+            peer_port,
         }
     }
 }

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use crate::decision::upgrade;
 use crate::etcd::Connector;
-use crate::facts::{Facts, PeerVersion};
+use crate::facts::{EtcdVersion, Facts, PeerVersion};
 
 /// Whether a peer that still runs etcd 3.4 has authentication on: asked only when this pod
 /// would start etcd 3.5 or newer beside it (the one upgrade path etcd calls unsafe with auth
@@ -72,7 +71,7 @@ pub async fn binary_version(bin: &std::path::Path) -> Option<crate::facts::EtcdV
         }
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    let v = upgrade::parse_version(&text);
+    let v = EtcdVersion::parse(&text);
     match v {
         Some(v) => tracing::info!(bin = %bin.display(), version = %v, "etcd release"),
         None => {
@@ -92,11 +91,11 @@ pub fn parse_peer_version(name: &str, body: &[u8]) -> Result<PeerVersion, String
     }
     let a: Answer =
         serde_json::from_slice(body).map_err(|e| format!("/version unreadable: {e}"))?;
-    let server = upgrade::parse_version(&a.etcdserver)
+    let server = EtcdVersion::parse(&a.etcdserver)
         .ok_or_else(|| format!("/version names no release: {:?}", a.etcdserver))?;
     Ok(PeerVersion {
         name: name.to_string(),
         server,
-        cluster: upgrade::parse_version(&a.etcdcluster),
+        cluster: EtcdVersion::parse(&a.etcdcluster),
     })
 }

@@ -47,8 +47,8 @@ where
         });
         Checks {
             obs: Observer {
-                reports: HttpReports::new(cfg),
-                cfg: cfg.clone(),
+                reports: cfg.peer_reports(),
+                pod: cfg.pod(),
                 dns,
                 connector,
                 store: None,
@@ -87,7 +87,7 @@ where
             },
             other => other,
         };
-        let rejected = volume::marker::rejected_snapshots(&self.obs.cfg.data_dir);
+        let rejected = volume::marker::rejected_snapshots(&self.obs.pod.data_dir);
         match crate::decision::snapshot_choice(&listed, &rejected) {
             Ok(Some(name)) if name == r.snapshot => Ok(()),
             Ok(_) => Err(format!("snapshot {} is not in the store", r.snapshot)),
@@ -102,7 +102,7 @@ where
     }
 
     async fn check_recovery(&self, r: &RecoveryRequest) -> Result<(), String> {
-        let id = &self.obs.cfg.identity;
+        let id = &self.obs.pod.identity;
         for pod in std::iter::once(&r.survivor).chain(&r.force_lost) {
             if id.ordinal_of_name(pod).is_none() {
                 return Err(format!("{pod:?} is not a pod of this set"));
@@ -118,7 +118,7 @@ where
             .await
             .map_err(|e| format!("this pod cannot observe: {e}"))?;
         if f.data.has_data() {
-            f.data.tail = volume::log_tail(&self.obs.cfg.data_dir)
+            f.data.tail = volume::log_tail(&self.obs.pod.data_dir)
                 .map_err(|e| format!("this volume's WAL tail cannot be read: {e}"))?;
         }
         if f.data.recovery.as_ref().is_some_and(|m| m.id == r.id) {

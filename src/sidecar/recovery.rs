@@ -17,11 +17,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::clock::unix_now;
+use crate::control::REQUEST_TTL;
+use crate::exec::find_etcd;
 use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
 
-/// How long a request is held: long enough for kubelet to restart a container, short
-/// enough never to act on a later, different outage.
-pub const REQUEST_TTL: Duration = Duration::from_secs(15 * 60);
 /// Between two looks for an etcd process that was not visible.
 const STOP_COOLDOWN: Duration = Duration::from_secs(20);
 /// How often `--auto-recover-after` looks.
@@ -179,57 +178,6 @@ pub fn must_stop_etcd<'a>(
         .then_some(request)
 }
 
-/// The etcd process serving `data_dir`, found in `/proc` by its command line (the binary
-/// `init` execs, with `--data-dir` naming this volume).
-pub fn find_etcd(data_dir: &Path) -> Option<i32> {
-    let want = data_dir.to_string_lossy().trim_end_matches('/').to_string();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if is_etcd_for(&args, &want) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// Whether `args` is etcd's command line for data directory `want` (and not
-/// etcd-steward's, which takes `--data-dir` too).
-pub fn is_etcd_for(args: &[String], want: &str) -> bool {
-    let Some(program) = args.first() else {
-        return false;
-    };
-    let base = program.rsplit('/').next().unwrap_or(program);
-    if !base.starts_with("etcd") || base.starts_with("etcd-steward") || base.starts_with("etcdctl")
-    {
-        return false;
-    }
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        let value = match a.strip_prefix("--data-dir") {
-            Some(rest) if rest.starts_with('=') => rest[1..].to_string(),
-            Some("") => it.next().cloned().unwrap_or_default(),
-            _ => continue,
-        };
-        if value.trim_end_matches('/') == want {
-            return true;
-        }
-    }
-    false
-}
-
 /// What stopping etcd came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stop {
@@ -314,14 +262,14 @@ pub async fn auto_recover<D, C>(
     C: crate::etcd::Connector + Clone + 'static,
 {
     let obs = crate::observe::Observer {
-        reports: crate::observe::HttpReports::new(&cfg),
-        cfg,
+        reports: cfg.peer_reports(),
+        pod: cfg.pod(),
         dns,
         connector,
         store: None,
         starting: false,
     };
-    let me = obs.cfg.identity.name();
+    let me = obs.pod.identity.name();
     let mut since: Option<Instant> = None;
     let mut said = String::new();
     loop {
@@ -340,7 +288,7 @@ pub async fn auto_recover<D, C>(
             since = None;
             continue;
         }
-        f.data.tail = crate::volume::log_tail(&obs.cfg.data_dir).ok().flatten();
+        f.data.tail = crate::volume::log_tail(&obs.pod.data_dir).ok().flatten();
         match crate::recovery::automatic(&f) {
             Ok(plan) => {
                 let first = *since.get_or_insert_with(Instant::now);
@@ -397,31 +345,6 @@ mod tests {
             commit: 3,
         };
         assert_eq!(must_stop_etcd("etcd-1", Some(&r), Some(&earlier)), Some(&r));
-    }
-
-    #[test]
-    fn etcd_is_told_apart_from_etcd_steward_by_its_program() {
-        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(is_etcd_for(
-            &args(&[
-                "/usr/local/bin/etcd",
-                "--name=etcd-0",
-                "--data-dir=/var/lib/etcd/"
-            ]),
-            "/var/lib/etcd"
-        ));
-        assert!(is_etcd_for(
-            &args(&["etcd", "--data-dir", "/var/lib/etcd"]),
-            "/var/lib/etcd"
-        ));
-        assert!(!is_etcd_for(
-            &args(&["etcd", "--data-dir=/var/lib/other"]),
-            "/var/lib/etcd"
-        ));
-        assert!(!is_etcd_for(
-            &args(&["/bin/etcd-steward", "sidecar", "--data-dir=/var/lib/etcd"]),
-            "/var/lib/etcd"
-        ));
     }
 
     #[test]

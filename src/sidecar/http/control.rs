@@ -29,9 +29,10 @@ use prometheus_client::registry::Registry;
 
 use super::AppState;
 use crate::clock::unix_now;
+use crate::control::REQUEST_TTL;
 use crate::control::{ControlAuth, Gate, TOKEN_OPTION};
 use crate::facts::{RecoveryRequest, RestoreRequest};
-use crate::sidecar::recovery::{Expiring, Inbox, Taken, REQUEST_TTL};
+use crate::sidecar::recovery::{Expiring, Inbox, Taken};
 
 /// This pod's check of a request before it is held (and before anything is stopped for
 /// it): `Err` says why the request is not valid here.
