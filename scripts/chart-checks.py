@@ -17,16 +17,17 @@ constraint:
   5. backups: the drill's scratch volume and the sidecar's memory limit follow the quota, and
      the kustomize backup overlays agree; workload identity (no static keys), gs:// and az://
   6. the platform values land where they should; every agent option given exists
-  7. NOTES.txt and the README's etcdctl commands reach etcd where it listens (the pod's
-     address, with the TLS flags when TLS is on), never 127.0.0.1
+  7. NOTES.txt and the etcdctl commands of README.md and docs/**/*.md reach etcd where it
+     listens (the pod's address, with the TLS flags when TLS is on), never 127.0.0.1
   8. RBAC: the Role grants exactly the API calls src/kube_api.rs makes
-  9. alerts: every description points at README.md#alerts and the README's Alerts table has
-     a row for every alert; they select the job the chart's ServiceMonitor and PodMonitor
-     give (or metrics.alertSelector)
+  9. alerts: every description ends with its runbook, docs/operations/alerts.md#<alert>, and
+     that document's Alerts table has a row for every alert carrying that anchor; they select
+     the job the chart's ServiceMonitor and PodMonitor give (or metrics.alertSelector)
 
 Usage: chart-checks.py OUT CHART HELM KUBECTL BIN (validate-chart.sh passes them).
 """
 import base64
+import glob
 import json
 import os
 import re
@@ -453,7 +454,7 @@ if sts:
     if any("startupProbe" in c for c in cs.values()):
         problem("defaults: a startup probe without probes.startup.enabled")
 
-# ---- 7. NOTES.txt and the README reach etcd where it listens ------------------------------------
+# ---- 7. NOTES.txt and the docs reach etcd where it listens --------------------------------------
 def notes(*args):
     r = subprocess.run([helm, "install", "etcd", chart, "--namespace", "prod", "--dry-run=client", *args],
                        capture_output=True, text=True)
@@ -495,10 +496,16 @@ for where, args in [("defaults", []), ("tls", ["--set", "tls.enabled=true"]),
     for l in (l for l in text.splitlines() if "etcd-steward status" in l):
         if l.split(" -- ", 1)[1].split()[0] not in (steward, os.path.basename(steward)):
             problem(f"NOTES {where}: {l.strip()!r} does not run the etcd container's etcd-steward ({steward})")
-readme = open("README.md").read()
-for l in readme.splitlines():
-    if l.lstrip().startswith("kubectl") and " exec " in l and "etcdctl" in l and "--endpoints=" not in l:
-        problem(f"README: {l.strip()!r} runs etcdctl without --endpoints (it would ask 127.0.0.1:2379, where etcd does not listen)")
+doc_files = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
+execs = 0
+for f in doc_files:
+    for l in open(f).read().splitlines():
+        if l.lstrip().startswith("kubectl") and " exec " in l and "etcdctl" in l:
+            execs += 1
+            if "--endpoints=" not in l:
+                problem(f"{f}: {l.strip()!r} runs etcdctl without --endpoints (it would ask 127.0.0.1:2379, where etcd does not listen)")
+if not execs:
+    problem(f"docs: no `kubectl … exec … etcdctl` command found in {doc_files}: is this check still looking at the docs?")
 
 # ---- 8. RBAC: exactly the calls the code makes -------------------------------------------------
 source = open("src/kube_api.rs").read()
@@ -519,14 +526,16 @@ for where, docs in [("chart", template("etcd")), ("manifests/base", kustomize("m
         if rule["resources"] == ["statefulsets"] and rule.get("resourceNames") != [role["metadata"]["name"]]:
             problem(f"rbac {where}: the StatefulSet rule is not limited to this StatefulSet")
 
-# ---- 9. alerts point at the README's table, which has a row for each ----------------------------
+# ---- 9. alerts point at the runbook's table, which has a row (and an anchor) for each -----------
+RUNBOOK = "docs/operations/alerts.md"
 rules = [r for g in yaml.safe_load(open(f"{chart}/files/alerts.yaml"))["groups"] for r in g["rules"]]
-section = readme.split("### Alerts", 1)[1].split("\n## ", 1)[0] if "### Alerts" in readme else ""
+runbook = open(RUNBOOK).read()
+section = runbook.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0] if "\n## Alerts\n" in runbook else ""
 for r in rules:
-    if f"README.md#alerts ({r['alert']})" not in r["annotations"]["description"]:
-        problem(f"alerts: {r['alert']}'s description does not end with its runbook, README.md#alerts ({r['alert']})")
-    if f"| `{r['alert']}` |" not in section:
-        problem(f"alerts: README's Alerts section has no row for {r['alert']}")
+    if not r["annotations"]["description"].endswith(f"Runbook: {RUNBOOK}#{r['alert']}"):
+        problem(f"alerts: {r['alert']}'s description does not end with its runbook, Runbook: {RUNBOOK}#{r['alert']}")
+    if f'| <a name="{r["alert"]}"></a>`{r["alert"]}` |' not in section:
+        problem(f"alerts: {RUNBOOK}'s Alerts section has no row for {r['alert']} carrying its anchor (<a name=\"{r['alert']}\"></a>)")
     if 'job="etcd"' not in r["expr"]:
         problem(f"alerts: {r['alert']} is not scoped to the job (job=\"etcd\", which the chart replaces)")
 

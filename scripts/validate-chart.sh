@@ -20,7 +20,7 @@
 #   7. scripts/chart-checks.py: two releases side by side select only their own pods; a subchart
 #      with global values renders; the NetworkPolicy admits exactly the ports the pods open;
 #      the control token; backup sizing against the overlays; workload identity; the platform
-#      values; NOTES.txt and README commands; RBAC against src/kube_api.rs; alert runbooks
+#      values; NOTES.txt and the docs' etcdctl commands; RBAC against src/kube_api.rs; alert runbooks
 #   8. encrypted backups: both containers name the same key files, each an item of a read-only
 #      projected Secret volume; the agent loads them as rendered (`backup --list` with generated
 #      keys laid out as the volume lays them out) and refuses a missing one (exit 64)
@@ -500,8 +500,11 @@ for a in alerts:
         problem(f"alerts_test.yaml: no case where {a} fires")
     if not any(c["alertname"] == a and not c.get("exp_alerts") for c in cases):
         problem(f"alerts_test.yaml: no case where {a} stays silent")
-    if "README.md#alerts" not in json.dumps([r for g in source_rules["groups"] for r in g["rules"] if r["alert"] == a]):
-        problem(f"{a}: its description does not point at the README's runbook")
+    descriptions = [r["annotations"]["description"] for g in source_rules["groups"] for r in g["rules"] if r["alert"] == a]
+    if not descriptions or not all(d.endswith(f"Runbook: docs/operations/alerts.md#{a}") for d in descriptions):
+        problem(f"{a}: its description does not end with its runbook, docs/operations/alerts.md#{a}")
+    if f'<a name="{a}"></a>' not in open("docs/operations/alerts.md").read():
+        problem(f"{a}: docs/operations/alerts.md has no anchor {a} (<a name=\"{a}\"></a>) for its runbook")
 
 for p in problems:
     print(p, file=sys.stderr)

@@ -588,7 +588,7 @@ mod scenarios {
         c.check(&[0, 1, 2], Some(cid), report.acked).await;
     }
 
-    /// 13. Peer TLS switched on in a live cluster, one pod at a time (the README's steps):
+    /// 13. Peer TLS switched on in a live cluster, one pod at a time (docs/operations/tls.md's steps):
     ///     each pod re-created with the peer certificates mounted and the peer TLS options
     ///     keeps its member ID and data, its entry moves from http:// to https://, every pod
     ///     is ready after each step, and no acknowledged write is lost.

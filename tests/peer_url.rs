@@ -61,7 +61,7 @@ async fn a_changed_peer_url_updates_the_member_and_keeps_its_id_and_data(etcd: E
     set.shutdown().await;
 }
 
-/// The README's procedure: every pod gets the peer certificates, then the pods are restarted
+/// The procedure of docs/operations/tls.md: every pod gets the peer certificates, then the pods are restarted
 /// with peer TLS one at a time, each waiting for the one before to be a ready voter. Each
 /// member keeps its ID and data (its entry updated from `http://` to `https://`), the cluster
 /// keeps quorum throughout, and no acknowledged write is lost.

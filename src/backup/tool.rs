@@ -51,7 +51,7 @@ pub enum Jump {
     Unsupported,
 }
 
-/// What the log, `status` and the README say a restore without the jump needs.
+/// What the log, `status` and docs/operations/backups.md say a restore without the jump needs.
 pub const JUMP_NEEDS: &str = "an etcdutl 3.5.x whose snapshot restore has --bump-revision and --mark-compacted (the image ships etcdutl 3.5.30)";
 
 #[derive(Debug, Error)]

@@ -494,10 +494,10 @@ fn minor(v: &EtcdVersion) -> String {
 impl std::fmt::Display for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see README, Upgrades)", minor(cluster), minor(cluster)),
-            Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see README, Upgrades)", server.major, server.minor + 1),
-            Hold::AuthOn3_4 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server} with authentication on, and a mixed 3.4/3.5 cluster with auth on can refuse requests and diverge (etcd-io/etcd#13976); disable auth (etcdctl auth disable), upgrade every member, then enable it again (see README, Upgrades)"),
-            Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see README, Upgrades)"),
+            Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see docs/operations/upgrades.md)", minor(cluster), minor(cluster)),
+            Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see docs/operations/upgrades.md)", server.major, server.minor + 1),
+            Hold::AuthOn3_4 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server} with authentication on, and a mixed 3.4/3.5 cluster with auth on can refuse requests and diverge (etcd-io/etcd#13976); disable auth (etcdctl auth disable), upgrade every member, then enable it again (see docs/operations/upgrades.md)"),
+            Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see docs/operations/upgrades.md)"),
         }
     }
 }

@@ -110,7 +110,7 @@ Configuration checks the schema cannot express; each fails the render with what 
 */}}
 {{- define "etcd-steward.validate" -}}
 {{- if gt (int .Values.initialReplicas) (int .Values.replicas) -}}
-{{- fail (printf "initialReplicas (%d) exceeds replicas (%d): the pods that form the cluster must all exist; to scale down, see the README" (int .Values.initialReplicas) (int .Values.replicas)) -}}
+{{- fail (printf "initialReplicas (%d) exceeds replicas (%d): the pods that form the cluster must all exist; to scale down, see docs/operations/kubernetes.md (Scale down)" (int .Values.initialReplicas) (int .Values.replicas)) -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
 {{- fail "tls.certManager.enabled needs tls.enabled" -}}

@@ -53,7 +53,7 @@ impl RoundEnd {
     }
 }
 
-/// The backup metrics (names are a contract: the alerts and the README read them).
+/// The backup metrics (names are a contract: the alerts and docs/reference.md read them).
 #[derive(Debug, Clone, Default)]
 struct Metrics {
     last_success: OptionalSeconds,
