@@ -16,6 +16,8 @@
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).
 
+mod backup_taken;
+mod bounds;
 pub mod chaos;
 pub mod chaos_docker;
 pub mod client;
@@ -28,6 +30,7 @@ pub mod logs;
 pub mod loopback;
 pub mod pki;
 pub mod procs;
+mod rng;
 pub mod wait;
 pub mod wal_kept;
 pub mod writer;
