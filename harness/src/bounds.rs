@@ -18,6 +18,8 @@ pub const RESTART: Duration = Duration::from_millis(2500);
 /// Writes refused that no fault explains (beyond every fault's cost: [`Fault::cost`]) are a
 /// violation past this: the writer's own rhythm and a defragmentation or a snapshot on a
 /// busy machine.
+///
+/// [`Fault::cost`]: crate::chaos::Fault::cost
 pub const UNEXPLAINED_BOUND: Duration = Duration::from_millis(1500);
 
 /// How long a backup may take before it counts as failed.

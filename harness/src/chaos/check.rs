@@ -64,7 +64,7 @@ pub struct Outcome {
 
 /// The stretches of time (since the run started) during which the faults as played (`at`
 /// when applied, `lasts` until healed) explain writes refused: each fault from when it was
-/// applied until its [`Fault::cost`] after it was healed, plus `slack`.
+/// applied until its [`Fault::cost`](super::Fault::cost) after it was healed, plus `slack`.
 pub fn explained(played: &[Event], slack: Duration) -> Vec<(Duration, Duration)> {
     played
         .iter()

@@ -13,6 +13,9 @@
 //! By job: `schedule.rs` generates, `runner.rs` plays, `check.rs` judges. The seeded
 //! sequence ([`Rng`]), the time bounds and [`BackupTaken`] live in modules of their own that
 //! [`crate::disaster`] shares, so that neither module needs the other's.
+//!
+//! [`Set`]: crate::loopback::Set
+//! [`Writer`]: crate::writer::Writer
 
 mod check;
 mod runner;

@@ -215,6 +215,8 @@ impl Schedule {
 
     /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
     /// size-limited: [`Set::limit_volumes`]).
+    ///
+    /// [`Set::limit_volumes`]: crate::loopback::Set::limit_volumes
     pub fn fills_disks(&self) -> bool {
         self.events
             .iter()
@@ -222,6 +224,8 @@ impl Schedule {
     }
 
     /// Whether a fault of the schedule partitions a pod ([`Set::enable_partitions`]).
+    ///
+    /// [`Set::enable_partitions`]: crate::loopback::Set::enable_partitions
     pub fn partitions(&self) -> bool {
         self.events
             .iter()
