@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -186,61 +185,9 @@ impl Drop for Etcd {
     }
 }
 
-/// moto's S3 server on a loopback port, shared by the S3 tests. It stops when this test
-/// process exits (it runs until its standard input closes). The `AWS_*` variables the
-/// store reads are set once, before any S3 store is opened.
-fn moto() -> u16 {
-    static PORT: OnceLock<u16> = OnceLock::new();
-    *PORT.get_or_init(|| {
-        let port = free_port();
-        let script = format!(
-            "import sys\nfrom moto.server import ThreadedMotoServer\n\
-             s = ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False)\n\
-             s.start()\nprint('up', flush=True)\nsys.stdin.read()\ns.stop()\n"
-        );
-        let mut child = Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 with moto[server] (scripts/install-test-deps.sh)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "up", "moto server did not start");
-        // Keep its stdin open for the life of the process: leak the child.
-        std::mem::forget(child);
-        for (k, v) in [
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
-            ("AWS_REGION", "us-east-1"),
-            ("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}")),
-            ("AWS_ALLOW_HTTP", "true"),
-        ] {
-            std::env::set_var(k, v);
-        }
-        port
-    })
-}
-
 /// A fresh bucket on the moto server; the URL of a prefix in it.
 fn s3_url(bucket: &str) -> String {
-    let port = moto();
-    let status = Command::new("curl")
-        .args([
-            "-sf",
-            "-X",
-            "PUT",
-            &format!("http://127.0.0.1:{port}/{bucket}"),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "cannot create bucket {bucket}");
-    format!("s3://{bucket}/etcd/backups")
+    harness::moto::s3_url(bucket, "etcd/backups")
 }
 
 fn file_url(dir: &Path) -> String {

@@ -7,10 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use etcd_steward::backup::manifest::Manifest;
@@ -297,61 +295,10 @@ mod etcd_3_4 {
     }
 }
 
-/// moto's S3 server on a loopback port; the `AWS_*` variables every sidecar inherits.
-fn moto() -> u16 {
-    static PORT: OnceLock<u16> = OnceLock::new();
-    *PORT.get_or_init(|| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let script = format!(
-            "import sys\nfrom moto.server import ThreadedMotoServer\n\
-             s = ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False)\n\
-             s.start()\nprint('up', flush=True)\nsys.stdin.read()\ns.stop()\n"
-        );
-        let mut child = Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 with moto[server] (scripts/install-test-deps.sh)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "up", "moto server did not start");
-        // It runs until its standard input closes: when this test process exits.
-        std::mem::forget(child);
-        for (k, v) in [
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
-            ("AWS_REGION", "us-east-1"),
-            ("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}")),
-            ("AWS_ALLOW_HTTP", "true"),
-        ] {
-            std::env::set_var(k, v);
-        }
-        port
-    })
-}
-
+/// A fresh bucket on the moto server (whose `AWS_*` variables every sidecar inherits); the
+/// URL of a prefix in it.
 fn bucket(name: &str) -> String {
-    let port = moto();
-    let status = Command::new("curl")
-        .args([
-            "-sf",
-            "-X",
-            "PUT",
-            &format!("http://127.0.0.1:{port}/{name}"),
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "bucket {name} created");
-    format!("s3://{name}/etcd")
+    harness::moto::s3_url(name, "etcd")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

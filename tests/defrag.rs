@@ -308,21 +308,8 @@ async fn fill_until_nospace(c: &mut Client) {
     panic!("the quota never refused a write");
 }
 
-macro_rules! per_version {
-    ($($name:ident => $scenario:ident),* $(,)?) => {$(
-        mod $name {
-            use super::*;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd_3_5() { $scenario(Etcd::V3_5).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd_3_4() { $scenario(Etcd::V3_4).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn etcd_3_5_current() { $scenario(Etcd::V3_5Current).await }
-        }
-    )*};
-}
-
-per_version! {
+harness::per_etcd_version! {
+    [V3_5, V3_4, V3_5Current] by scenario:
     fragmented => fragmented_members_are_defragmented_one_at_a_time_leader_last,
     nospace_disarmed => nospace_is_defragmented_and_disarmed_once_keys_are_deleted,
     nospace_too_large => nospace_with_data_too_large_stays_and_says_why,

@@ -818,36 +818,8 @@ async fn with_peer_tls_and_no_token_recover_yes_brings_back_a_lost_majority() {
     set.shutdown().await;
 }
 
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
-        mod etcd_3_5 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Etcd::V3_5).await;
-                }
-            )*
-        }
-        mod etcd_3_4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Etcd::V3_4).await;
-                }
-            )*
-        }
-        mod etcd_3_5_current {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Etcd::V3_5Current).await;
-                }
-            )*
-        }
-    };
-}
-
-scenarios!(
+harness::per_etcd_version!(
+    [V3_5, V3_4, V3_5Current]:
     a_recovery_keeps_every_acknowledged_write_though_the_survivors_commit_index_lags,
     a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_once,
     restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside,

@@ -441,39 +441,13 @@ async fn a_wrong_key_makes_the_pods_wait_and_the_right_key_on_the_same_volumes_r
     set.shutdown().await;
 }
 
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
-        mod etcd_3_5 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Etcd::V3_5).await;
-                }
-            )*
-        }
-        mod etcd_3_4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Etcd::V3_4).await;
-                }
-            )*
-        }
-    };
-}
+// A current etcdutl (3.5.30) moves the revision forward: the scenario that shows it.
+harness::per_etcd_version!(
+    [V3_5Current]: every_volume_lost_the_cluster_comes_back_from_the_latest_backup
+);
 
-/// A current etcdutl (3.5.30) moves the revision forward: the scenario that shows it.
-mod etcd_3_5_current {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn every_volume_lost_the_cluster_comes_back_from_the_latest_backup() {
-        super::every_volume_lost_the_cluster_comes_back_from_the_latest_backup(
-            super::Etcd::V3_5Current,
-        )
-        .await;
-    }
-}
-
-scenarios!(
+harness::per_etcd_version!(
+    [V3_5, V3_4]:
     every_volume_lost_the_cluster_comes_back_from_the_latest_backup,
     a_corrupted_newest_backup_is_skipped_for_the_one_before,
     restore_never_forms_an_empty_cluster,

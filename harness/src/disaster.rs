@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use etcd_client::GetOptions;
 
-use crate::chaos::{BackupTaken, Rng, RECOVERY_BOUND};
+use crate::backup_taken::BackupTaken;
+use crate::bounds::RECOVERY_BOUND;
 use crate::loopback::Set;
+use crate::rng::Rng;
 use crate::writer::{write_key, Writer, WriterReport};
 
 /// The one disaster of a generator-3 schedule, struck once its ordinary faults are healed
@@ -638,7 +640,7 @@ pub async fn backup_now(set: &Set, o: u32) -> BackupTaken {
     let mut last = None;
     for _ in 0..3 {
         let run = set.steward_in(o, &["backup"]).kill_on_drop(true).output();
-        let out = tokio::time::timeout(crate::chaos::BACKUP_TIME_OUT, run).await;
+        let out = tokio::time::timeout(crate::bounds::BACKUP_TIME_OUT, run).await;
         let taken = BackupTaken::from_output(o, false, out.ok().and_then(std::result::Result::ok));
         if taken.exited_ok && taken.verified {
             return taken;

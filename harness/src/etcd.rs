@@ -58,3 +58,66 @@ impl Etcd {
         path
     }
 }
+
+/// One `#[tokio::test]` per etcd release for each scenario `async fn scenario(etcd: Etcd)` of
+/// an integration test file: the releases by their [`Etcd`] variants, in brackets.
+///
+/// A module per release, holding a test per scenario (`etcd_3_5::scenario`,
+/// `etcd_3_4::scenario`, `etcd_3_5_current::scenario`, `etcd_3_5_tls::scenario`):
+///
+/// ```ignore
+/// harness::per_etcd_version!([V3_5, V3_4]: a_scenario, another_scenario);
+/// ```
+///
+/// Or a module per scenario, named apart from its function, holding a test per release
+/// (`short::etcd_3_5`, …):
+///
+/// ```ignore
+/// harness::per_etcd_version!([V3_5, V3_4] by scenario: short => a_scenario_with_a_long_name);
+/// ```
+#[macro_export]
+macro_rules! per_etcd_version {
+    // A module per release.
+    ([$($etcd:ident),+ $(,)?]: $($scenario:ident),* $(,)?) => {
+        $crate::per_etcd_version!(@modules [$($etcd),+] [$($scenario),*]);
+    };
+    // A module per scenario.
+    ($releases:tt by scenario: $($module:ident => $scenario:ident),* $(,)?) => {$(
+        mod $module {
+            $crate::per_etcd_version!(@releases $releases super::$scenario);
+        }
+    )*};
+
+    (@modules [$($etcd:ident),+] $scenarios:tt) => {
+        $($crate::per_etcd_version!(@release $etcd module $scenarios);)+
+    };
+    (@releases [$($etcd:ident),+ $(,)?] $scenario:path) => {
+        $($crate::per_etcd_version!(@release $etcd test $scenario);)+
+    };
+    // A release's name in a test's path.
+    (@release V3_5 $($what:tt)+) => { $crate::per_etcd_version!(@named etcd_3_5 V3_5 $($what)+); };
+    (@release V3_4 $($what:tt)+) => { $crate::per_etcd_version!(@named etcd_3_4 V3_4 $($what)+); };
+    (@release V3_5Current $($what:tt)+) => {
+        $crate::per_etcd_version!(@named etcd_3_5_current V3_5Current $($what)+);
+    };
+    (@release V3_5Tls $($what:tt)+) => {
+        $crate::per_etcd_version!(@named etcd_3_5_tls V3_5Tls $($what)+);
+    };
+    (@named $name:ident $etcd:ident module [$($scenario:ident),*]) => {
+        #[doc = concat!("The scenarios against `Etcd::", stringify!($etcd), "`.")]
+        mod $name {
+            $(
+                #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario($crate::Etcd::$etcd).await;
+                }
+            )*
+        }
+    };
+    (@named $name:ident $etcd:ident test $scenario:path) => {
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            $scenario($crate::Etcd::$etcd).await
+        }
+    };
+}

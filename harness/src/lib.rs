@@ -11,11 +11,14 @@
 //!   (acknowledged writes), [`logs`], [`procs`]; [`chaos`]: seeded fault schedules and the
 //!   checker of what they left ([`wal_kept`]: the WAL files it requires kept); [`disaster`]: generator 3's disasters (every volume lost, a
 //!   majority lost for good) and their checker; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
-//!   pods) for scale-in.
+//!   pods) for scale-in; [`moto`]: an S3-compatible server for the backup tests;
+//!   [`per_etcd_version!`]: a test file's scenarios as one test per etcd release.
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
 //! crate's own tests know it (`env!("CARGO_BIN_EXE_etcd-steward")`).
 
+mod backup_taken;
+mod bounds;
 pub mod chaos;
 pub mod chaos_docker;
 pub mod client;
@@ -26,8 +29,10 @@ pub mod etcd;
 pub mod fake_kube;
 pub mod logs;
 pub mod loopback;
+pub mod moto;
 pub mod pki;
 pub mod procs;
+mod rng;
 pub mod wait;
 pub mod wal_kept;
 pub mod writer;

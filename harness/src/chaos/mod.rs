@@ -1,0 +1,35 @@
+//! Randomized fault schedules on a loopback set, and the checker of what they left.
+//!
+//! [`Schedule::generate`] lays overlapping faults on a timeline from a seed (the same seed,
+//! the same schedule); [`run`] plays it against a running [`Set`] under a steady
+//! [`Writer`], heals everything, and [`Outcome::violations`] says what went wrong: an
+//! acknowledged write missing from a linearizable read through any member, more than one
+//! cluster ID, a member ID reused after its volume was lost, a member whose volume was never
+//! lost that is no longer the same member, a pod not back as a ready voter in time, data
+//! deleted rather than set aside (a sentinel, or a WAL segment recorded before a fault:
+//! [`crate::wal_kept`]), or writes refused for longer than each fault, with its cost after
+//! healing, explains ([`Fault::cost`], [`Outcome::unexplained`]).
+//!
+//! By job: `schedule.rs` generates, `runner.rs` plays, `check.rs` judges. The seeded
+//! sequence ([`Rng`]), the time bounds and [`BackupTaken`] live in modules of their own that
+//! [`crate::disaster`] shares, so that neither module needs the other's.
+//!
+//! [`Set`]: crate::loopback::Set
+//! [`Writer`]: crate::writer::Writer
+
+mod check;
+mod runner;
+mod schedule;
+
+pub use crate::backup_taken::BackupTaken;
+pub use crate::bounds::{
+    BACKUP_TIME_OUT, ELECTION, HUNG_WRITE, RECOVERY_BOUND, RESTART, UNEXPLAINED_BOUND,
+};
+pub use crate::rng::Rng;
+pub use check::{explained, uncovered, Outcome, Sentinels, Unexplained, SENTINEL_PREFIX};
+pub use runner::{prepare, run, VOLUME_MIB};
+pub use schedule::{Event, Fault, Schedule, DEFRAG_THRESHOLD};
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;

@@ -1,0 +1,432 @@
+//! Running a schedule: readying the set, playing the faults under a writer, healing.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use tokio::time::Instant;
+
+use super::check::{Outcome, Sentinels};
+use super::schedule::{Event, Fault, Schedule, DEFRAG_THRESHOLD};
+use crate::backup_taken::BackupTaken;
+use crate::bounds::{BACKUP_TIME_OUT, RECOVERY_BOUND};
+use crate::disaster::Disaster;
+use crate::loopback::Set;
+use crate::wal_kept::WalRecords;
+use crate::writer::Writer;
+
+/// `etcd_steward_defrag_total` of every sidecar, summed over restarts (a restarted
+/// sidecar counts from zero again).
+struct DefragCount {
+    before_restarts: Vec<u64>,
+    last: Vec<u64>,
+}
+
+impl DefragCount {
+    fn new(pods: usize) -> DefragCount {
+        DefragCount {
+            before_restarts: vec![0; pods],
+            last: vec![0; pods],
+        }
+    }
+
+    async fn sample(&mut self, set: &Set) {
+        for o in 0..self.last.len() {
+            // Briefly: the runner's timeline must not wait on a sidecar.
+            let answer =
+                tokio::time::timeout(Duration::from_millis(300), set.http(o as u32, "/metrics"));
+            let Ok(Some((200, text))) = answer.await else {
+                continue;
+            };
+            let Some(now) = crate::client::sample(&text, "etcd_steward_defrag_total") else {
+                continue;
+            };
+            let now = now as u64;
+            if now < self.last[o] {
+                self.before_restarts[o] += self.last[o];
+            }
+            self.last[o] = now;
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.before_restarts.iter().sum::<u64>() + self.last.iter().sum::<u64>()
+    }
+}
+
+/// Readies `set` (built, not started) for `schedule`: size-limited volumes when it fills a
+/// disk, partitions when it cuts a pod off.
+pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
+    if schedule.fills_disks() {
+        set.limit_volumes(VOLUME_MIB)?;
+    }
+    if schedule.partitions() {
+        set.enable_partitions()?;
+    }
+    if schedule.defrag {
+        set.extra_args.push(DEFRAG_THRESHOLD.into());
+    }
+    if let Some(d) = &schedule.disaster {
+        let options = crate::disaster::options(set, d);
+        set.extra_args.extend(options);
+    }
+    Ok(())
+}
+
+/// The size of a volume that can be filled: room for etcd's preallocated 64 MiB WAL
+/// segment, a second one and the database.
+pub const VOLUME_MIB: u32 = 256;
+
+enum Heal {
+    /// A backup (the runner starts it itself): nothing to heal.
+    Nothing,
+    Partition(u32),
+    Free(u32),
+    Start(u32),
+    StartSidecar(u32),
+    Resume(u32),
+    Publish(u32),
+    StartAll(Vec<u32>),
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status();
+}
+
+/// Plays `schedule` on `set` (formed, every pod a ready voter) under a writer through every
+/// pod, heals, waits for recovery and checks.
+pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
+    let pods: Vec<u32> = (0..schedule.pods).collect();
+    let cluster_before = set.cluster_id(0).await.ok();
+    let mut ids_before = Vec::new();
+    for o in &pods {
+        ids_before.push(set.member_id(*o).await.ok());
+    }
+    // The writer's times and the faults' count from the same start.
+    let started = Instant::now();
+    let writer = Writer::start(pods.iter().map(|o| set.client_url(*o)).collect());
+    let mut pending: Vec<(Duration, Heal, usize)> = Vec::new();
+    let mut played: Vec<Event> = Vec::new();
+    let mut paused: Vec<(u32, u32)> = Vec::new();
+    let mut lost_ids: Vec<u64> = Vec::new();
+    let mut wiped: BTreeSet<u32> = BTreeSet::new();
+    let mut applied = 0;
+    let mut sentinels = Sentinels::new(schedule.seed);
+    let mut wals = WalRecords::default();
+    let store = crate::disaster::store_url(set);
+    // A disaster schedule's pods carry the store in their options already.
+    let backup_args: Vec<&str> = match schedule.disaster {
+        Some(_) => vec!["backup"],
+        None => vec!["backup", "--backup-url", &store],
+    };
+    let mut backups_running = Vec::new();
+    let mut defrags = DefragCount::new(pods.len());
+    let mut next_sample = Duration::ZERO;
+    let mut events = schedule.events.iter().peekable();
+    loop {
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
+        let now = started.elapsed();
+        if schedule.defrag && now >= next_sample {
+            defrags.sample(set).await;
+            next_sample = now + Duration::from_secs(1);
+        }
+        // Heal what is due, then apply what is due; restart exited containers (kubelet).
+        pending.sort_by_key(|(t, _, _)| *t);
+        while pending.first().is_some_and(|(t, _, _)| *t <= now) {
+            let (_, heal, i) = pending.remove(0);
+            apply_heal(set, heal, &mut paused);
+            played[i].lasts = started.elapsed().saturating_sub(played[i].at);
+        }
+        if let Some(e) = events.peek() {
+            if e.at <= now {
+                // A volume is lost only once every copy is back: every pod a ready voter
+                // (losing two copies before they re-replicate is real data loss). Until
+                // then the timeline waits, healing what falls due.
+                let loss = matches!(e.fault, Fault::LoseVolume(_));
+                if loss
+                    && now < e.at + RECOVERY_BOUND
+                    && !set.all_linearizable(&pods, pods.len()).await
+                {
+                    let _ = set.restart_exited();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                let e = events.next().cloned().unwrap_or_else(|| unreachable!());
+                if let Fault::Backup(o) = e.fault {
+                    eprintln!("chaos: {}", e.fault);
+                    let mut cmd = set.steward_in(o, &backup_args);
+                    match cmd.kill_on_drop(true).spawn() {
+                        Ok(child) => backups_running.push((o, child)),
+                        Err(err) => eprintln!("chaos: starting a backup failed: {err}"),
+                    }
+                    continue;
+                }
+                for o in &pods {
+                    wals.record(*o, set.data_dir(*o));
+                }
+                let o = e.fault.pod();
+                if let Some(o) = o {
+                    if matches!(e.fault, Fault::LoseVolume(_)) {
+                        // Its member may not answer just now (its etcd paused a moment
+                        // ago, no leader): the ID seen before the fault is the one lost.
+                        let id = set.member_id(o).await.ok().or(ids_before[o as usize]);
+                        lost_ids.extend(id);
+                        wals.volume_lost(o);
+                        // Lost whether or not its member answered just now.
+                        wiped.insert(o);
+                        sentinels.volume_lost(o);
+                    }
+                }
+                let at = started.elapsed();
+                let heal = apply_fault(set, &e.fault, &mut paused).await;
+                pending.push((started.elapsed() + e.lasts, heal, played.len()));
+                played.push(Event { at, ..e });
+                applied += 1;
+                continue;
+            }
+        }
+        if events.peek().is_none() && pending.is_empty() {
+            break;
+        }
+        let _ = set.restart_exited();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Generator 3: the disaster, once every fault is healed.
+    let struck_at = started.elapsed();
+    let struck = match &schedule.disaster {
+        Some(d) => {
+            // The members the disaster loses, as they are before it (a pod whose volume a
+            // fault lost is another member by now), for when they do not answer then.
+            let mut ids = ids_before.clone();
+            for o in &pods {
+                wals.record(*o, set.data_dir(*o));
+                if let Ok(id) = set.member_id(*o).await {
+                    ids[*o as usize] = Some(id);
+                }
+            }
+            let struck = crate::disaster::strike(set, d, &writer).await;
+            for o in d.wiped(schedule.pods) {
+                wiped.insert(o);
+                sentinels.volume_lost(o);
+                wals.volume_lost(o);
+                lost_ids.extend(ids[o as usize]);
+            }
+            lost_ids.extend(&struck.lost_ids);
+            applied += 1;
+            Some(struck)
+        }
+        None => None,
+    };
+    // Healed: every pod back as a ready voter within the bound (restarting what exits).
+    let deadline = Instant::now() + RECOVERY_BOUND;
+    let mut recovered = false;
+    while Instant::now() < deadline {
+        let _ = set.restart_exited();
+        for o in &pods {
+            sentinels.plant(*o, set.data_dir(*o));
+        }
+        if set.all_linearizable(&pods, pods.len()).await && set.all_ready(&pods).await {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if recovered {
+        writer
+            .wait_progress(10, RECOVERY_BOUND, "after healing")
+            .await;
+    }
+    let writes = writer.stop().await;
+    if schedule.defrag {
+        defrags.sample(set).await;
+    }
+    let mut backups = Vec::new();
+    for (o, child) in backups_running {
+        let out = tokio::time::timeout(BACKUP_TIME_OUT, child.wait_with_output()).await;
+        backups.push(BackupTaken::from_output(
+            o,
+            false,
+            out.ok().and_then(std::result::Result::ok),
+        ));
+    }
+    let last = set.steward_in(0, &backup_args).kill_on_drop(true).output();
+    let out = tokio::time::timeout(BACKUP_TIME_OUT, last).await;
+    backups.push(BackupTaken::from_output(
+        0,
+        true,
+        out.ok().and_then(std::result::Result::ok),
+    ));
+    let mut missing = Vec::new();
+    let mut clusters = BTreeSet::new();
+    // A restore gives the cluster a new identity: one cluster ID afterwards.
+    if !schedule.disaster.as_ref().is_some_and(Disaster::restores) {
+        clusters.extend(cluster_before);
+    }
+    let mut reused_ids = Vec::new();
+    let mut replaced = Vec::new();
+    for o in &pods {
+        missing.push(missing_writes(set, *o, writes.acked).await);
+        if let Ok(c) = set.cluster_id(*o).await {
+            clusters.insert(c);
+        }
+        match set.member_id(*o).await {
+            Ok(id) if lost_ids.contains(&id) => reused_ids.push(id),
+            Ok(id) if !wiped.contains(o) && ids_before[*o as usize].is_some_and(|b| b != id) => {
+                replaced.push(*o)
+            }
+            _ => {}
+        }
+    }
+    let mut disaster_window = None;
+    let disaster = match struck {
+        Some(mut struck) => {
+            backups.extend(struck.backup.take());
+            let held = struck.held;
+            let seen = crate::disaster::observe(set, struck, &writes).await;
+            // Writes lost with the volumes, or never lost, said per pod.
+            missing = seen.missing(&writes);
+            // From the kill until every pod is back, writes are refused: the recovery
+            // bound is what the disaster explains, and the time the pods had the wrong
+            // key on purpose.
+            disaster_window = Some((struck_at, struck_at + RECOVERY_BOUND + held));
+            Some(seen)
+        }
+        None => None,
+    };
+    let deleted = sentinels.missing(|o| set.data_dir(o).to_path_buf());
+    let wal_missing = wals.missing(|o| set.data_dir(o).to_path_buf());
+    let mut enospc_lines = 0;
+    for o in &pods {
+        let logs = set.logs(*o);
+        let full: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("no space left on device"))
+            .collect();
+        if let Some(first) = full.first() {
+            eprintln!("chaos: pod {o} felt a full disk: {first}");
+        }
+        enospc_lines += full.len();
+    }
+    Outcome {
+        seed: schedule.seed,
+        faults: applied,
+        writes,
+        missing,
+        clusters,
+        reused_ids,
+        replaced,
+        recovered,
+        sentinels: sentinels.count(),
+        deleted,
+        wal_records: wals.count(),
+        wal_missing,
+        enospc_lines,
+        backups,
+        defrags: defrags.total(),
+        played,
+        slack: Duration::ZERO,
+        disaster_window,
+        disaster,
+    }
+}
+
+/// A fault or heal the schedule lays must be made: one that cannot be (no iptables, no
+/// tmpfs, a volume that cannot be emptied) stops the run rather than count as survived.
+fn made<T>(r: crate::Result<T>, what: impl fmt::Display) -> T {
+    r.unwrap_or_else(|e| panic!("chaos: {what}: could not be made: {e}"))
+}
+
+async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>) -> Heal {
+    eprintln!("chaos: {fault}");
+    match fault {
+        Fault::KillPod(o) => {
+            let _ = set.kill(*o).await;
+            Heal::Start(*o)
+        }
+        Fault::KillSidecar(o) => {
+            set.kill_sidecar(*o).await;
+            Heal::StartSidecar(*o)
+        }
+        Fault::Pause(o) => {
+            if let Some(pid) = set.etcd_pid(*o) {
+                signal(pid, "-STOP");
+                paused.push((*o, pid));
+            }
+            Heal::Resume(*o)
+        }
+        Fault::WithdrawDns(o) => {
+            let _ = set.set_dns(*o, false);
+            Heal::Publish(*o)
+        }
+        Fault::LoseVolume(o) => {
+            let _ = set.kill(*o).await;
+            made(set.wipe(*o), fault);
+            Heal::Start(*o)
+        }
+        Fault::Backup(_) => Heal::Nothing,
+        Fault::Partition(o) => {
+            made(set.partition(*o, true), fault);
+            Heal::Partition(*o)
+        }
+        Fault::FillDisk(o) => {
+            let n = made(set.fill_volume(*o), fault);
+            eprintln!("chaos: pod {o}'s volume full ({} MiB of filler)", n >> 20);
+            Heal::Free(*o)
+        }
+        Fault::RestartAll(order) => {
+            for o in order {
+                let _ = set.kill(*o).await;
+            }
+            Heal::StartAll(order.clone())
+        }
+    }
+}
+
+fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
+    match heal {
+        Heal::Nothing => {}
+        Heal::Partition(o) => {
+            made(set.partition(o, false), format!("healing pod {o}'s cut"));
+        }
+        Heal::Free(o) => {
+            made(set.free_volume(o), format!("freeing pod {o}'s volume"));
+        }
+        Heal::Start(o) => {
+            let _ = set.start(o);
+        }
+        Heal::StartSidecar(o) => {
+            if set.sidecar_pid(o).is_none() {
+                let _ = set.start_sidecar(o);
+            }
+        }
+        Heal::Resume(o) => {
+            for (_, pid) in paused.iter().filter(|(p, _)| *p == o) {
+                signal(*pid, "-CONT");
+            }
+            paused.retain(|(p, _)| *p != o);
+        }
+        Heal::Publish(o) => {
+            let _ = set.set_dns(o, true);
+        }
+        Heal::StartAll(order) => {
+            for o in order {
+                let _ = set.start(o);
+            }
+        }
+    }
+}
+
+/// Acknowledged writes `0..acked` missing from a linearizable read through pod `o`.
+async fn missing_writes(set: &Set, o: u32, acked: u64) -> Option<u64> {
+    let mut c = set.client(o).await.ok()?;
+    let opts = GetOptions::new()
+        .with_range(crate::writer::write_key(acked))
+        .with_count_only();
+    let r = c.get(crate::writer::write_key(0), Some(opts)).await.ok()?;
+    Some(acked.saturating_sub(r.count().max(0) as u64))
+}

@@ -1,0 +1,361 @@
+use std::time::Duration;
+
+use super::*;
+use crate::writer::WriterReport;
+
+#[test]
+fn the_same_seed_gives_the_same_schedule_and_another_seed_another() {
+    let a = Schedule::generate(7, 3, 8, Duration::from_secs(20));
+    let b = Schedule::generate(7, 3, 8, Duration::from_secs(20));
+    let c = Schedule::generate(8, 3, 8, Duration::from_secs(20));
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let faults = a
+        .events
+        .iter()
+        .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+        .count();
+    assert_eq!(faults, 8);
+}
+
+#[test]
+fn a_schedule_loses_at_most_one_volume_and_never_faults_a_pod_twice_at_once() {
+    for seed in 0..200 {
+        let s = Schedule::generate(seed, 3, 10, Duration::from_secs(20));
+        let losses = s
+            .events
+            .iter()
+            .filter(|e| matches!(e.fault, Fault::LoseVolume(_)))
+            .count();
+        assert!(losses <= 1, "{s}");
+        let faults: Vec<&Event> = s
+            .events
+            .iter()
+            .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+            .collect();
+        for (i, a) in faults.iter().enumerate() {
+            for b in &faults[i + 1..] {
+                let overlap = b.at < a.at + a.lasts && a.at < b.at + b.lasts;
+                let shared = match (a.fault.pod(), b.fault.pod()) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => true,
+                };
+                assert!(!(overlap && shared), "{s}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quorum_loss_counts_only_while_a_majority_is_down() {
+    let ev = |at: u64, lasts: u64, fault| Event {
+        at: Duration::from_millis(at),
+        lasts: Duration::from_millis(lasts),
+        fault,
+    };
+    let s = Schedule {
+        seed: 0,
+        pods: 3,
+        defrag: false,
+        disaster: None,
+        events: vec![
+            ev(0, 1000, Fault::KillPod(0)),
+            ev(600, 1000, Fault::Pause(1)),
+            ev(2000, 500, Fault::WithdrawDns(2)),
+            ev(3000, 700, Fault::RestartAll(vec![2, 0, 1])),
+        ],
+    };
+    assert_eq!(s.longest_quorum_loss(), Duration::from_millis(700));
+    let none = Schedule {
+        seed: 0,
+        pods: 3,
+        defrag: false,
+        disaster: None,
+        events: vec![
+            ev(0, 1000, Fault::KillSidecar(0)),
+            ev(0, 1000, Fault::Pause(1)),
+        ],
+    };
+    assert_eq!(none.longest_quorum_loss(), Duration::ZERO);
+    // Where a withdrawn name cuts the pod off (Docker), it counts as down.
+    let dns = Schedule {
+        events: vec![
+            ev(0, 1000, Fault::WithdrawDns(0)),
+            ev(400, 1000, Fault::Pause(1)),
+        ],
+        ..none.clone()
+    };
+    assert_eq!(dns.longest_quorum_loss(), Duration::ZERO);
+    let cut = dns.longest_quorum_loss_where(|f| match f {
+        Fault::WithdrawDns(o) => vec![*o],
+        f => f.pods_down(),
+    });
+    assert_eq!(cut, Duration::from_millis(600));
+}
+
+#[test]
+fn a_sentinel_set_aside_is_found_a_deleted_one_is_missing_and_a_lost_volume_is_exempt() {
+    let root = tempfile::tempdir().unwrap();
+    let volume = |o: u32| root.path().join(format!("pod-{o}"));
+    let mut s = Sentinels::new(7);
+    for o in 0..3 {
+        // No live data yet: nothing planted.
+        s.plant(o, &volume(o));
+        std::fs::create_dir_all(volume(o).join("member/wal")).unwrap();
+        s.plant(o, &volume(o));
+        s.plant(o, &volume(o)); // one per live directory
+    }
+    assert_eq!(s.count(), 3);
+    assert!(s.missing(volume).is_empty());
+    // Pod 0's data renamed aside (what the agent does), pod 1's deleted, pod 2's volume
+    // lost on purpose.
+    let aside = volume(0).join("set-aside/2026-11-24T00:00:00Z");
+    std::fs::create_dir_all(&aside).unwrap();
+    std::fs::rename(volume(0).join("member"), aside.join("member")).unwrap();
+    std::fs::remove_dir_all(volume(1).join("member")).unwrap();
+    std::fs::remove_dir_all(volume(2)).unwrap();
+    s.volume_lost(2);
+    let missing = s.missing(volume);
+    assert_eq!(missing.len(), 1, "{missing:?}");
+    assert_eq!(missing[0].0, 1);
+    assert!(missing[0].1.starts_with(SENTINEL_PREFIX), "{missing:?}");
+    // The new live data of a set-aside volume gets a sentinel of its own.
+    std::fs::create_dir_all(volume(0).join("member")).unwrap();
+    s.plant(0, &volume(0));
+    assert_eq!(s.count(), 4);
+}
+
+#[test]
+fn a_backups_manifest_line_is_read_for_verification_and_cluster() {
+    let ok = BackupTaken::from_parts(
+        1,
+        false,
+        true,
+        "{\"key\":\"x\",\"cluster_id\":\"2a\",\"verified\":true}\n",
+        "",
+    );
+    assert!(ok.exited_ok && ok.verified, "{ok:?}");
+    assert_eq!(ok.cluster, Some(0x2a));
+    let unverified = BackupTaken::from_parts(
+        1,
+        false,
+        true,
+        "{\"cluster_id\":\"2a\",\"verified\":false}",
+        "",
+    );
+    assert!(!unverified.verified);
+    let failed =
+        BackupTaken::from_parts(2, true, false, "", "starting\nno leader: etcd-1 paused\n");
+    assert!(!failed.exited_ok && !failed.verified && failed.cluster.is_none());
+    assert_eq!(failed.error, "no leader: etcd-1 paused");
+}
+
+/// An outcome the checker finds nothing wrong with: one refusal of writes, explained by
+/// nothing but short enough.
+fn clean() -> Outcome {
+    Outcome {
+        seed: 1,
+        faults: 3,
+        writes: WriterReport {
+            acked: 100,
+            failures: 2,
+            max_gap: Duration::from_secs(1),
+            max_gap_at: Duration::from_secs(3),
+            refusals: vec![(Duration::from_secs(2), Duration::from_secs(3))],
+            last_error: String::new(),
+            revisions: vec![],
+        },
+        missing: vec![Some(0), Some(0), Some(0)],
+        clusters: [9].into_iter().collect(),
+        reused_ids: vec![],
+        replaced: vec![],
+        recovered: true,
+        sentinels: 3,
+        deleted: vec![],
+        enospc_lines: 0,
+        defrags: 0,
+        backups: vec![BackupTaken {
+            pod: 0,
+            after_healing: true,
+            exited_ok: true,
+            verified: true,
+            cluster: Some(9),
+            error: String::new(),
+        }],
+        played: vec![],
+        slack: Duration::ZERO,
+        disaster_window: None,
+        wal_records: 3,
+        wal_missing: vec![],
+        disaster: None,
+    }
+}
+
+#[test]
+fn the_checker_flags_a_lost_write_a_second_cluster_and_a_reused_id() {
+    let clean = clean();
+    assert!(clean.violations().is_empty());
+    assert!(clean.tsv_line().ends_with("\tok"));
+    let mut bad = clean.clone();
+    bad.missing[1] = Some(4);
+    bad.clusters.insert(10);
+    bad.reused_ids.push(0xabc);
+    bad.writes.max_gap = Duration::from_secs(30);
+    bad.writes
+        .refusals
+        .push((Duration::from_secs(5), Duration::from_secs(35)));
+    let v = bad.violations();
+    assert_eq!(v.len(), 4, "{v:?}");
+    assert_eq!(bad.lost(), 4);
+    assert!(bad.tsv_line().ends_with("\tFAILED"));
+    let mut deleted = clean.clone();
+    deleted.deleted.push((2, "chaos-sentinel-1-2-0".into()));
+    let v = deleted.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("pod 2") && v[0].contains("chaos-sentinel-1-2-0"),
+        "{v:?}"
+    );
+    // A backup during the faults may fail (said so); one that exits 0 must be a
+    // verified snapshot of this cluster, and the one after healing must succeed.
+    let mut backups = clean.clone();
+    backups.backups.push(BackupTaken {
+        pod: 1,
+        after_healing: false,
+        exited_ok: false,
+        verified: false,
+        cluster: None,
+        error: "no quorum".into(),
+    });
+    assert!(
+        backups.violations().is_empty(),
+        "{:?}",
+        backups.violations()
+    );
+    backups.backups[1].exited_ok = true;
+    backups.backups[0].exited_ok = false;
+    assert_eq!(backups.violations().len(), 2, "{:?}", backups.violations());
+    backups.backups.clear();
+    assert_eq!(backups.violations().len(), 1, "{:?}", backups.violations());
+}
+
+#[test]
+fn a_sentinel_travels_with_data_set_aside_and_is_missed_when_data_is_deleted() {
+    let root = tempfile::tempdir().unwrap();
+    let vol = |o: u32| root.path().join(format!("pod-{o}"));
+    for o in 0..3 {
+        std::fs::create_dir_all(vol(o).join("member/wal")).unwrap();
+    }
+    let mut s = Sentinels::new(5);
+    for o in 0..3 {
+        s.plant(o, &vol(o));
+        s.plant(o, &vol(o));
+    }
+    assert_eq!(s.count(), 3, "one sentinel per live data directory");
+    // Pod 0's data set aside the way the agent does it (member/ renamed).
+    std::fs::create_dir_all(vol(0).join("set-aside/7-removed-member")).unwrap();
+    std::fs::rename(
+        vol(0).join("member"),
+        vol(0).join("set-aside/7-removed-member/member"),
+    )
+    .unwrap();
+    // Pod 1's data deleted; pod 2's volume lost on purpose.
+    std::fs::remove_dir_all(vol(1).join("member")).unwrap();
+    std::fs::remove_dir_all(vol(2).join("member")).unwrap();
+    s.volume_lost(2);
+    assert_eq!(
+        s.missing(vol),
+        vec![(1, "chaos-sentinel-5-1-1".to_string())]
+    );
+    // A fresh member/ on pod 0 gets a sentinel of its own.
+    std::fs::create_dir_all(vol(0).join("member")).unwrap();
+    s.plant(0, &vol(0));
+    assert_eq!(s.count(), 4);
+}
+
+#[test]
+fn a_refusal_is_explained_only_by_the_faults_it_overlaps_and_their_cost_after_healing() {
+    let secs = |s: f64| Duration::from_secs_f64(s);
+    let ev = |at: f64, lasts: f64, fault| Event {
+        at: secs(at),
+        lasts: secs(lasts),
+        fault,
+    };
+    let played = vec![
+        ev(5.0, 1.0, Fault::RestartAll(vec![0, 1, 2])),
+        ev(20.0, 3.0, Fault::KillSidecar(1)),
+        ev(30.0, 2.0, Fault::Pause(2)),
+    ];
+    let restart_ends = 6.0 + Fault::RestartAll(vec![]).cost().as_secs_f64();
+    let windows = explained(&played, Duration::ZERO);
+    // A killed sidecar refuses no write: it explains nothing.
+    assert_eq!(windows.len(), 2, "{windows:?}");
+    assert_eq!(windows[0], (secs(5.0), secs(restart_ends)));
+    // Within the restart's window, nothing is unexplained; ten seconds past it, ten.
+    assert_eq!(
+        uncovered(secs(5.1), secs(restart_ends), &windows),
+        Duration::ZERO
+    );
+    let late = uncovered(secs(5.1), secs(restart_ends + 10.0), &windows);
+    assert_eq!(late, secs(10.0));
+    // Overlapping windows count once; a gap between them is unexplained.
+    let both = [
+        (secs(0.0), secs(4.0)),
+        (secs(2.0), secs(6.0)),
+        (secs(8.0), secs(9.0)),
+    ];
+    assert_eq!(uncovered(secs(1.0), secs(10.0), &both), secs(3.0));
+    // During the sidecar's kill, writes refused are unexplained.
+    assert_eq!(uncovered(secs(20.0), secs(23.0), &windows), secs(3.0));
+
+    let mut o = Outcome { played, ..clean() };
+    o.writes.refusals = vec![(secs(5.0), secs(restart_ends)), (secs(30.5), secs(33.0))];
+    assert!(o.violations().is_empty(), "{:?}", o.violations());
+    assert_eq!(o.unexplained().length, Duration::ZERO);
+    // The restart of every pod stalls writes ten seconds longer (a restart path that
+    // waits on its silent peers): flagged, and published.
+    o.writes.refusals[0].1 += secs(10.0);
+    let u = o.unexplained();
+    assert_eq!(u.length, secs(10.0));
+    assert_eq!(u.refusal.0, secs(5.0));
+    let v = o.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("explained by no fault"), "{v:?}");
+    // A disaster's window (the recovery bound and the time held) explains it.
+    o.disaster_window = Some((secs(10.0), secs(200.0)));
+    assert!(o.violations().is_empty(), "{:?}", o.violations());
+    // Up to the bound, unexplained refusal is tolerated.
+    o.disaster_window = None;
+    o.writes.refusals[0].1 = secs(restart_ends) + UNEXPLAINED_BOUND;
+    assert!(o.violations().is_empty(), "{:?}", o.violations());
+    o.writes.refusals[0].1 += Duration::from_millis(1);
+    assert_eq!(o.violations().len(), 1);
+}
+
+#[test]
+fn a_wal_deleted_beside_a_kept_folder_is_a_violation() {
+    let mut o = clean();
+    assert!(o.violations().is_empty(), "{:?}", o.violations());
+    o.wal_missing.push((
+        1,
+        "WAL [\"0000000000000000-0000000000000000.wal\"] ... is gone".into(),
+    ));
+    let v = o.violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("pod 1") && v[0].contains("deleted, not set aside"),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn the_new_faults_appear_and_count_as_down() {
+    let all: Vec<Fault> = (0..50)
+        .flat_map(|seed| Schedule::generate(seed, 3, 8, Duration::from_secs(20)).events)
+        .map(|e| e.fault)
+        .collect();
+    assert!(all.iter().any(|f| matches!(f, Fault::Partition(_))));
+    assert!(all.iter().any(|f| matches!(f, Fault::FillDisk(_))));
+    assert_eq!(Fault::Partition(1).pods_down(), vec![1]);
+    assert_eq!(Fault::FillDisk(2).pods_down(), vec![2]);
+}
