@@ -62,15 +62,7 @@ where
             return Ok(Ended::Refused(why));
         }
     }
-    let reports = cfg.peer_reports();
-    let obs = Observer {
-        pod: cfg.pod(),
-        dns,
-        connector: connector.clone(),
-        reports,
-        store: None,
-        starting: false,
-    };
+    let obs = cfg.observer(dns, connector.clone());
     let f = look(&obs).await?;
     let under_way = recorded(&f);
     if let ClusterFacts::Healthy(view) = &f.cluster {

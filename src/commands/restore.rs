@@ -14,7 +14,6 @@ use crate::config::{Config, SnapshotRestoreArgs};
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
-use crate::observe::Observer;
 
 use super::recover::Ended;
 use super::{POLL, REPOST};
@@ -73,14 +72,7 @@ where
             }
         )));
     }
-    let obs = Observer {
-        reports: cfg.peer_reports(),
-        pod: cfg.pod(),
-        dns,
-        connector,
-        store: None,
-        starting: false,
-    };
+    let obs = cfg.observer(dns, connector);
     let f = obs.observe(String::new()).await?;
     let silent: Vec<String> = pods(&f)
         .into_iter()

@@ -12,7 +12,6 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
-use crate::observe::Observer;
 
 const CALL: Duration = Duration::from_secs(2);
 
@@ -83,14 +82,7 @@ where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
 {
-    let obs = Observer {
-        reports: cfg.peer_reports(),
-        pod: cfg.pod(),
-        dns,
-        connector: connector.clone(),
-        store: None,
-        starting: false,
-    };
+    let obs = cfg.observer(dns, connector.clone());
     let f = obs.observe(String::new()).await?;
     let id = &cfg.identity;
     let mut pods: Vec<Asked> = Vec::new();

@@ -85,6 +85,23 @@ impl Config {
         }
     }
 
+    /// An observer of this pod's world as the commands and the sidecar look at it: not
+    /// `init`'s (no store, every peer given the full deadline).
+    pub fn observer<D, C>(
+        &self,
+        dns: D,
+        connector: C,
+    ) -> crate::observe::Observer<D, C, crate::observe::HttpReports> {
+        crate::observe::Observer {
+            pod: self.pod(),
+            dns,
+            connector,
+            reports: self.peer_reports(),
+            store: None,
+            starting: false,
+        }
+    }
+
     /// The peers' reports, asked as this configuration says: on their peer-report port,
     /// over peer TLS when it is on; without it, on the probe port too (a pod of the
     /// previous release serves its report there only).

@@ -46,14 +46,7 @@ where
             }
         });
         Checks {
-            obs: Observer {
-                reports: cfg.peer_reports(),
-                pod: cfg.pod(),
-                dns,
-                connector,
-                store: None,
-                starting: false,
-            },
+            obs: cfg.observer(dns, connector),
             store,
             listing: tokio::sync::Mutex::new(None),
         }

@@ -261,14 +261,7 @@ pub async fn auto_recover<D, C>(
     D: crate::dns::Dns + Clone + 'static,
     C: crate::etcd::Connector + Clone + 'static,
 {
-    let obs = crate::observe::Observer {
-        reports: cfg.peer_reports(),
-        pod: cfg.pod(),
-        dns,
-        connector,
-        store: None,
-        starting: false,
-    };
+    let obs = cfg.observer(dns, connector);
     let me = obs.pod.identity.name();
     let mut since: Option<Instant> = None;
     let mut said = String::new();
