@@ -96,7 +96,7 @@ pub trait Connector: Send + Sync {
     /// Whether the member at `ip:port` has etcd's authentication on: asked with no
     /// credentials (a serializable read it refuses, "user name is empty", only when auth is
     /// on). `None` when it did not say either way. Asked only before an upgrade path etcd
-    /// calls unsafe with auth on (see `init::upgrade`).
+    /// calls unsafe with auth on (see `decision::upgrade`).
     fn auth_enabled(
         &self,
         host: &str,

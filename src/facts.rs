@@ -1,6 +1,6 @@
 //! The plain data every decision reads: what a data directory holds, what DNS answered, how
 //! the cluster lists its members, what the peers reported. No I/O and no clock: the
-//! modules that observe fill these in, the pure decisions (`init::decide`, the sidecar's
+//! modules that observe fill these in, the pure decisions (`decision`, the sidecar's
 //! planners, the etcd command line) read them.
 
 use std::net::IpAddr;

@@ -2478,7 +2478,7 @@ mod invariants {
         }
     }
 
-    /// A recovery request `decide` may act on, written from `recover::plan`'s rules rather
+    /// A recovery request `decide` may act on, written from `recovery`'s rules rather
     /// than by calling it, so that a `decide` that skips or bends the plan is caught: it
     /// names this pod as the survivor, no live cluster answered, this volume holds data
     /// whose log tail is readable and no recovery marker for this very request (that one

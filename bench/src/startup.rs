@@ -154,7 +154,7 @@ pub async fn run(env: &Env, runs: usize) -> Result<Vec<Figure>> {
     // (what a frozen node or a partition looks like). Each run is one restart after a
     // start the cluster vouched for (an untimed run with the peers answering): a second
     // restart in a row that nobody answered for would be a crash loop, which waits the
-    // full deadline by design (src/init/observe.rs, `cluster_deadline`).
+    // full deadline by design (src/observe/mod.rs, `cluster_deadline`).
     let pids: Vec<u32> = others
         .iter()
         .flat_map(|p| [set.etcd_pid(*p), set.sidecar_pid(*p)])

@@ -4,7 +4,7 @@ use crate::backup::catalog;
 use crate::backup::store::Store;
 use crate::facts::{BackupFacts, RestoreWanted, SnapshotContent, SnapshotFacts};
 
-/// What the store holds, as the restore choice reads it (`init::decide`); a store that does
+/// What the store holds, as the restore choice reads it (`decision`); a store that does
 /// not answer is said so.
 pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
     match catalog::list_stored(store).await {
