@@ -4,7 +4,6 @@
 //! them (a backup round in its own task, reported back through a later observation).
 //! Stops cleanly on SIGTERM.
 
-pub mod backup_round;
 pub mod checks;
 pub mod conn;
 pub mod execute;
@@ -13,7 +12,6 @@ pub mod http;
 pub mod observe;
 pub mod plan;
 pub mod recovery;
-pub mod scale_in;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -29,8 +27,8 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::Connector;
-use backup_round::BackupRounds;
 use conn::Connections;
+use execute::backup::BackupRounds;
 use health::{assess, Health};
 use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
 use http::AppState;
@@ -83,9 +81,9 @@ pub struct Sidecar<D, C: Connector, P> {
     pub scale_in: Option<ScaleInDuty>,
 }
 
-/// The sidecar's share of scale-in (see [`scale_in`]).
+/// The sidecar's share of scale-in (see [`plan::scale_in`], [`execute::scale_in`]).
 pub struct ScaleInDuty {
-    /// The API's last answer, as [`scale_in::watch_workload`] publishes it.
+    /// The API's last answer, as [`execute::scale_in::watch_workload`] publishes it.
     pub answers: watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
     /// Whether this pod's member leads, as the last observation saw: the watcher asks the
     /// API only while it does.
@@ -197,8 +195,8 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             probe,
             journal: Journal::new(&cfg.data_dir),
             own_peer_url: id.peer_url(id.ordinal),
-            planners: plan::planners(cfg, registry),
-            backups: BackupRounds::new(cfg),
+            planners: planners(cfg, registry),
+            backups: BackupRounds::new(cfg, registry),
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
             vouch: watch::channel(None).0,
@@ -260,7 +258,13 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             let ask = plan::scale_in::voters_to_ask(identity, initial, interval, &seen);
             if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
                 seen.scale_in.voters_answering = Some(
-                    scale_in::answering_voters(&mut self.conn, &members, &ids, &seen.peers).await,
+                    execute::scale_in::answering_voters(
+                        &mut self.conn,
+                        &members,
+                        &ids,
+                        &seen.peers,
+                    )
+                    .await,
                 );
             }
         }
@@ -289,7 +293,10 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                         .send_modify(|h| h.ready = health::Check { ok: false, reason });
                 }
                 let outcome = execute::execute(&mut self.conn, self.backups.as_ref(), step).await;
-                planner.learn(&outcome);
+                planner.learned(&outcome, tokio::time::Instant::now());
+                if let Some(rounds) = &self.backups {
+                    rounds.record(&outcome);
+                }
                 outcomes.push(outcome);
             }
         }
@@ -323,6 +330,29 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         self.init_metrics.set(&seen.journal.counts);
         self.health.send_replace(health.clone());
     }
+}
+
+/// Every planner, in the order their steps run. Each registers its own metrics (the
+/// backup rounds' are the executor's: [`execute::backup::BackupRounds::new`]).
+pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
+    let mut planners: Vec<Box<dyn Planner>> = vec![
+        Box::new(plan::promote::Promote::new(registry)),
+        Box::new(plan::evict::Evict::new(cfg.learner_stall_timeout, registry)),
+        Box::new(plan::peer_url::PeerUrl::default()),
+    ];
+    if let Some(interval) = cfg.scale_in {
+        planners.push(Box::new(plan::scale_in::ScaleIn::new(
+            cfg.identity.clone(),
+            cfg.replicas,
+            interval,
+            registry,
+        )));
+    }
+    if let Some(b) = &cfg.backup {
+        planners.push(Box::new(plan::backup::Backup::new(b.interval)));
+    }
+    planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
+    planners
 }
 
 /// How long to wait after a round (see [`TICK`]).
@@ -399,7 +429,7 @@ where
         if let Ok(api) = api {
             let (tx, answers) = watch::channel(None);
             let (leading, leading_rx) = watch::channel(false);
-            tokio::spawn(scale_in::watch_workload(
+            tokio::spawn(execute::scale_in::watch_workload(
                 api,
                 access.statefulset.clone(),
                 interval,

@@ -1,21 +1,24 @@
-//! Pure planners: each reads one [`Observation`] and returns the steps it intends; the
-//! executor performs them and tells each planner what came of its own. No I/O, no clock
-//! (the time is in the observation). A new behaviour (backup schedule, defragmentation,
-//! scale-in) is a new planner: one file here, and one line in [`planners`].
+//! Pure planners: each reads one [`Observation`] (plain data, [`observation`]) and returns
+//! the steps it intends; the executor (`sidecar::execute`) performs them and tells each
+//! planner what came of its own. No I/O, no clock (the time is in the observation, and in
+//! [`Planner::learned`]), no metrics of the HTTP side. A planner imports only the crate's
+//! leaves and this folder. A new behaviour (backup schedule, defragmentation, scale-in) is
+//! a new planner: one file here, its step's arm in the executor, and one line in
+//! `sidecar::planners`.
 
 pub mod backup;
 pub mod defrag;
 pub mod evict;
+pub mod observation;
 pub mod peer_url;
 pub mod promote;
 pub mod scale_in;
 
 use std::fmt;
 
-use prometheus_client::registry::Registry;
+use tokio::time::Instant;
 
-use super::observe::Observation;
-use crate::config::Config;
+pub use observation::Observation;
 
 /// A change to the cluster a planner intends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,32 +97,16 @@ pub trait Planner: Send {
     fn learn(&mut self, outcome: &Outcome) {
         let _ = outcome;
     }
+    /// The same, told when the outcome came (the loop's clock, read right after the step
+    /// ran: a planner has none of its own). The loop calls this one.
+    fn learned(&mut self, outcome: &Outcome, at: Instant) {
+        let _ = at;
+        self.learn(outcome);
+    }
     /// Whether this tick must ask the other voters' status ([`Observation::peers`]) for this
     /// planner: asked only when some planner needs them, so a quiet cluster costs nothing.
     fn wants_peers(&self, seen: &Observation) -> bool {
         let _ = seen;
         false
     }
-}
-
-/// Every planner, in the order their steps run. Each registers its own metrics.
-pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
-    let mut planners: Vec<Box<dyn Planner>> = vec![
-        Box::new(promote::Promote::new(registry)),
-        Box::new(evict::Evict::new(cfg.learner_stall_timeout, registry)),
-        Box::new(peer_url::PeerUrl::default()),
-    ];
-    if let Some(interval) = cfg.scale_in {
-        planners.push(Box::new(scale_in::ScaleIn::new(
-            cfg.identity.clone(),
-            cfg.replicas,
-            interval,
-            registry,
-        )));
-    }
-    if let Some(b) = &cfg.backup {
-        planners.push(Box::new(backup::Backup::new(b.interval, registry)));
-    }
-    planners.push(Box::new(defrag::Defrag::new(cfg.defrag, registry)));
-    planners
 }

@@ -1,11 +1,18 @@
 //! The one executor: performs the planners' steps against etcd and says what came of each.
-//! It decides nothing; it logs each outcome once, here.
+//! It decides nothing; it logs each outcome once, here. A job whose I/O outlives a step has
+//! its own file here: [`backup`] (rounds in the background), [`scale_in`] (the Kubernetes
+//! API's watcher, the voters' probe), [`defrag`] (under the lock key).
 
-use super::backup_round::BackupRounds;
+pub mod backup;
+pub mod defrag;
+pub mod scale_in;
+
 use super::conn::Connections;
 use super::plan::{Outcome, Step};
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
+use backup::BackupRounds;
+use defrag::defragment;
 
 /// Performs `step`. A backup round is only started here (`backups`); it ends in its own
 /// task and reports through a later observation.
@@ -88,36 +95,6 @@ fn logged(outcome: Outcome) -> Outcome {
     outcome
 }
 
-/// Defragments the local member, under the lock key when `lock`; `Ok(false)` when another
-/// sidecar holds the lock.
-async fn defragment<E: Etcd>(local: &E, lock: bool) -> Result<bool, EtcdError> {
-    use super::plan::defrag::{LOCK_KEY, LOCK_TTL_SECS};
-    let lease = match lock {
-        true => match local
-            .try_lock(LOCK_KEY, local.endpoint(), LOCK_TTL_SECS)
-            .await?
-        {
-            Some(lease) => Some(lease),
-            None => return Ok(false),
-        },
-        false => None,
-    };
-    let started = tokio::time::Instant::now();
-    tracing::info!(locked = lock, "defragmentation started");
-    let result = local.defragment().await;
-    tracing::info!(
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        ok = result.is_ok(),
-        "defragmentation ended"
-    );
-    if let Some(lease) = lease {
-        if let Err(e) = local.unlock(lease).await {
-            tracing::warn!(error = %e, "could not release the defragmentation lock; its lease expires on its own");
-        }
-    }
-    result.map(|()| true)
-}
-
 fn log(outcome: &Outcome) {
     match outcome {
         Outcome::Done(Step::Promote { id, via, why }) => {
@@ -180,58 +157,5 @@ fn log(outcome: &Outcome) {
             | Step::DisarmNospace
             | Step::RemoveMember { .. },
         ) => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::etcd::Connector;
-    use crate::fake::{FakeCluster, Op};
-
-    /// Two followers whose sidecars decide to defragment at the same moment: one takes the
-    /// lock and defragments, the other finds it held and does nothing (waits its turn).
-    #[tokio::test]
-    async fn two_members_defragmenting_at_once_take_turns_by_the_lock() {
-        let cluster = FakeCluster::new(0xc1);
-        for (id, o) in [(0xa0, 0), (0xa1, 1), (0xa2, 2)] {
-            let host = format!("etcd-{o}");
-            cluster.add_member(
-                id,
-                &host,
-                &format!("http://{host}:2380"),
-                &format!("http://{host}:2379"),
-                false,
-            );
-        }
-        cluster.set_leader(0xa0);
-        let ip = std::net::IpAddr::from([127, 0, 0, 1]);
-        let mut members = Vec::new();
-        for o in [1, 2] {
-            let host = format!("etcd-{o}");
-            cluster.delay(
-                &format!("{host}:2379"),
-                Op::Defragment,
-                std::time::Duration::from_millis(200),
-            );
-            members.push(
-                cluster
-                    .connect(&host, ip, 2379)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
-        }
-        let (a, b) = tokio::join!(defragment(&members[0], true), defragment(&members[1], true));
-        let done: Vec<bool> = [a, b]
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
-            .collect();
-        assert_eq!(
-            done.iter().filter(|d| **d).count(),
-            1,
-            "exactly one defragmented, the other found the lock held: {done:?}"
-        );
-        assert_eq!(cluster.calls_of(Op::Defragment).len(), 1);
-        assert!(cluster.locks().is_empty(), "the lock is released after");
     }
 }

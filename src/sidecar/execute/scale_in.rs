@@ -1,7 +1,7 @@
-//! Scale-in's I/O: a task that, while this pod's member leads, asks the Kubernetes API every
+//! Scale-in's executor (its I/O): a task that, while this pod's member leads, asks the Kubernetes API every
 //! `--scale-in-interval` and publishes its answer (the main tick never waits on the API),
 //! and the voters' probe the loop runs only when a removal waits on nothing else. The rule
-//! is [`super::plan::scale_in`].
+//! is [`crate::sidecar::plan::scale_in`].
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -9,12 +9,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::Connections;
-use super::plan::scale_in::WorkloadSeen;
 use crate::dns::Dns;
 use crate::etcd::{Connector, MemberInfo};
 use crate::facts::MemberStatus;
 use crate::kube_api::{workload_state, Workload};
+use crate::sidecar::conn::Connections;
+use crate::sidecar::plan::observation::{WorkloadSeen, WorkloadState};
 
 /// While `leading` is true, asks the API every `interval` (at once when leadership
 /// arrives) until `stop`, and publishes each answer. Only the leader removes members, so a
@@ -48,7 +48,11 @@ pub async fn watch_workload<W: Workload>(
             continue;
         }
         match answer {
-            Ok(state) => {
+            Ok(answer) => {
+                let state = WorkloadState {
+                    replicas: answer.replicas,
+                    pods: answer.pods,
+                };
                 if failing {
                     tracing::info!("scale-in: the Kubernetes API answers again");
                     failing = false;
