@@ -29,6 +29,8 @@ use crate::dns::Dns;
 use crate::etcd::Connector;
 use conn::Connections;
 use execute::backup::BackupRounds;
+pub use execute::scale_in::ScaleInDuty;
+use execute::Jobs;
 use health::{assess, Health};
 use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
 use http::AppState;
@@ -62,8 +64,8 @@ pub struct Sidecar<D, C: Connector, P> {
     journal: Journal,
     own_peer_url: String,
     planners: Vec<Box<dyn Planner>>,
-    /// Backup rounds running in the background, with `--backup-url`.
-    backups: Option<BackupRounds>,
+    /// The jobs whose I/O runs beside the loop (backup rounds, scale-in's watcher).
+    pub jobs: Jobs,
     /// The last tick's outcomes, which the next observation carries.
     previous: Vec<Outcome>,
     health: watch::Sender<Health>,
@@ -77,22 +79,6 @@ pub struct Sidecar<D, C: Connector, P> {
     certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
-    /// With `--scale-in`: what the loop feeds the planner and tells the API's watcher.
-    pub scale_in: Option<ScaleInDuty>,
-}
-
-/// The sidecar's share of scale-in (see [`plan::scale_in`], [`execute::scale_in`]).
-pub struct ScaleInDuty {
-    /// The API's last answer, as [`execute::scale_in::watch_workload`] publishes it.
-    pub answers: watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
-    /// Whether this pod's member leads, as the last observation saw: the watcher asks the
-    /// API only while it does.
-    pub leading: watch::Sender<bool>,
-    pub identity: crate::identity::Identity,
-    /// `--replicas`, the initial size.
-    pub initial: u32,
-    /// `--scale-in-interval`.
-    pub interval: Duration,
 }
 
 /// The sidecar's share of a recovery (see [`recovery`]).
@@ -196,7 +182,11 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             journal: Journal::new(&cfg.data_dir),
             own_peer_url: id.peer_url(id.ordinal),
             planners: planners(cfg, registry),
-            backups: BackupRounds::new(cfg, registry),
+            jobs: Jobs {
+                backups: BackupRounds::new(cfg, registry),
+                scale_in: None,
+                auto_recover: None,
+            },
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
             vouch: watch::channel(None).0,
@@ -210,7 +200,6 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                 .collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
-            scale_in: None,
         }
     }
 
@@ -237,37 +226,11 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         )
         .await;
         seen.previous = std::mem::take(&mut self.previous);
-        seen.backup_rounds = self
-            .backups
-            .as_mut()
-            .map(BackupRounds::ended)
-            .unwrap_or_default();
         if self.planners.iter().any(|p| p.wants_peers(&seen)) {
             let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
             seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
         }
-        if let Some(duty) = &self.scale_in {
-            let leads = matches!(&seen.local.status, Ok(s) if s.leader != 0 && s.leader == s.member_id && !s.is_learner);
-            duty.leading.send_if_modified(|held| {
-                let changed = *held != leads;
-                *held = leads;
-                changed
-            });
-            seen.scale_in.workload = duty.answers.borrow().clone();
-            let (identity, initial, interval) = (&duty.identity, duty.initial, duty.interval);
-            let ask = plan::scale_in::voters_to_ask(identity, initial, interval, &seen);
-            if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
-                seen.scale_in.voters_answering = Some(
-                    execute::scale_in::answering_voters(
-                        &mut self.conn,
-                        &members,
-                        &ids,
-                        &seen.peers,
-                    )
-                    .await,
-                );
-            }
-        }
+        self.jobs.gather(&mut self.conn, &mut seen).await;
         let mut health = assess(&seen.local);
         if !health.etcd_running {
             let note = crate::volume::marker::waiting(self.journal.data_dir());
@@ -286,17 +249,10 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
             for step in planner.plan(&seen) {
-                if let Step::Defrag { why, .. } = &step {
-                    // etcd serves nothing while it defragments: not ready meanwhile.
-                    let reason = format!("defragmenting: {why}");
-                    self.health
-                        .send_modify(|h| h.ready = health::Check { ok: false, reason });
-                }
-                let outcome = execute::execute(&mut self.conn, self.backups.as_ref(), step).await;
+                let outcome =
+                    execute::execute(&mut self.conn, &self.jobs, &self.health, step).await;
                 planner.learned(&outcome, tokio::time::Instant::now());
-                if let Some(rounds) = &self.backups {
-                    rounds.record(&outcome);
-                }
+                self.jobs.record(&outcome);
                 outcomes.push(outcome);
             }
         }
@@ -352,6 +308,12 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
         planners.push(Box::new(plan::backup::Backup::new(b.interval)));
     }
     planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
+    if let Some(after) = cfg.auto_recover_after {
+        planners.push(Box::new(plan::auto_recover::AutoRecover::new(
+            cfg.identity.name(),
+            after,
+        )));
+    }
     planners
 }
 
@@ -437,7 +399,7 @@ where
                 leading_rx,
                 stop.clone(),
             ));
-            sidecar.scale_in = Some(ScaleInDuty {
+            sidecar.jobs.scale_in = Some(ScaleInDuty {
                 answers,
                 leading,
                 identity: cfg.identity.clone(),
@@ -454,15 +416,21 @@ where
         &cfg.data_dir,
     );
     state.vouch = sidecar.vouch();
-    if let Some((after, dns, connector)) = auto {
+    // The planner (`plan::auto_recover`) waits out --auto-recover-after; the task only looks.
+    if let Some((_after, dns, connector)) = auto {
+        let (looks_tx, looks) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(recovery::auto_recover(
             cfg.clone(),
             dns,
             connector,
             state.recovery.clone(),
-            after,
+            looks_tx,
             stop.clone(),
         ));
+        sidecar.jobs.auto_recover = Some(recovery::AutoRecoverDuty {
+            looks,
+            inbox: state.recovery.clone(),
+        });
     }
     sidecar.recovery = Some(RecoveryDuty {
         inbox: state.recovery.clone(),

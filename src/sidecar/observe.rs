@@ -202,6 +202,7 @@ pub async fn observe<D: Dns, C: Connector>(
         backup_rounds: Vec::new(),
         peers: Vec::new(),
         scale_in: Default::default(),
+        recovery_looks: Vec::new(),
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::unix_now;
 use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
+pub use crate::sidecar::plan::observation::LossLook;
 
 /// How long a request is held: long enough for kubelet to restart a container, short
 /// enough never to act on a later, different outage.
@@ -298,16 +299,44 @@ impl Stopper {
     }
 }
 
+/// `--auto-recover-after`'s executor: the looks a task of its own takes, on their way to
+/// the planner ([`crate::sidecar::plan::auto_recover`]), and the inbox its step hands the
+/// request to.
+pub struct AutoRecoverDuty {
+    pub looks: tokio::sync::mpsc::UnboundedReceiver<LossLook>,
+    pub inbox: std::sync::Arc<Inbox<RecoveryRequest>>,
+}
+
+impl AutoRecoverDuty {
+    /// The looks taken since the last call, in order.
+    pub fn looks(&mut self) -> Vec<LossLook> {
+        let mut looks = Vec::new();
+        while let Ok(look) = self.looks.try_recv() {
+            looks.push(look);
+        }
+        looks
+    }
+
+    /// Hands this sidecar the request `recover --yes` would have handed it.
+    pub fn offer(&self, id: &str, survivor: &str) {
+        self.inbox.offer(RecoveryRequest {
+            id: id.to_string(),
+            survivor: survivor.to_string(),
+            force_lost: vec![],
+            expires_unix: unix_now() + REQUEST_TTL.as_secs(),
+        });
+    }
+}
+
 /// `--auto-recover-after`: looks every [`AUTO_LOOK`] as `init` does (every pod's report,
-/// the cluster, this volume); when [`crate::recover::plan::automatic`] holds without a break
-/// for `after`, hands this sidecar the request `recover --yes` would have handed it. The
-/// rest is the same path as an operator's request.
+/// the cluster, this volume) while no request is held, and sends what
+/// [`crate::recover::plan::automatic`] says of it to the loop, where the planner times it.
 pub async fn auto_recover<D, C>(
     cfg: crate::config::Config,
     dns: D,
     connector: C,
     inbox: std::sync::Arc<Inbox<RecoveryRequest>>,
-    after: Duration,
+    looks: tokio::sync::mpsc::UnboundedSender<LossLook>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     D: crate::dns::Dns + Clone + 'static,
@@ -321,9 +350,6 @@ pub async fn auto_recover<D, C>(
         store: None,
         starting: false,
     };
-    let me = obs.cfg.identity.name();
-    let mut since: Option<Instant> = None;
-    let mut said = String::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(AUTO_LOOK) => {}
@@ -332,38 +358,23 @@ pub async fn auto_recover<D, C>(
         if inbox.current().is_some() {
             continue;
         }
-        let Ok(mut f) = obs.observe(String::new()).await else {
-            since = None;
-            continue;
-        };
-        if !f.data.has_data() {
-            since = None;
-            continue;
-        }
-        f.data.tail = crate::volume::log_tail(&obs.cfg.data_dir).ok().flatten();
-        match crate::recover::plan::automatic(&f) {
-            Ok(plan) => {
-                let first = *since.get_or_insert_with(Instant::now);
-                if first.elapsed() >= after {
-                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: a majority of the initial pods has answered with empty volumes for --auto-recover-after and this volume is the freshest: recovering from it");
-                    inbox.offer(RecoveryRequest {
+        let look = match obs.observe(String::new()).await {
+            Ok(f) if !f.data.has_data() => LossLook::Unknown,
+            Ok(mut f) => {
+                f.data.tail = crate::volume::log_tail(&obs.cfg.data_dir).ok().flatten();
+                match crate::recover::plan::automatic(&f) {
+                    Ok(plan) => LossLook::Proven {
+                        at: tokio::time::Instant::now(),
                         id: plan.id,
-                        survivor: me.clone(),
-                        force_lost: vec![],
-                        expires_unix: unix_now() + REQUEST_TTL.as_secs(),
-                    });
-                    since = None;
-                } else if said != plan.id {
-                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: the loss is proven; recovering if it stays so for --auto-recover-after");
-                    said = plan.id;
+                        why: plan.why,
+                    },
+                    Err(why) => LossLook::NotProven { why },
                 }
             }
-            Err(why) => {
-                if since.is_some() {
-                    tracing::info!(why = %why, "auto-recover: the proof of loss no longer holds; waiting again");
-                }
-                since = None;
-            }
+            Err(_) => LossLook::Unknown,
+        };
+        if looks.send(look).is_err() {
+            return;
         }
     }
 }

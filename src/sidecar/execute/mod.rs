@@ -1,28 +1,78 @@
 //! The one executor: performs the planners' steps against etcd and says what came of each.
 //! It decides nothing; it logs each outcome once, here. A job whose I/O outlives a step has
-//! its own file here: [`backup`] (rounds in the background), [`scale_in`] (the Kubernetes
-//! API's watcher, the voters' probe), [`defrag`] (under the lock key).
+//! its own file here ([`Jobs`]): [`backup`] (rounds in the background), [`scale_in`] (the
+//! Kubernetes API's watcher, the voters' probe), [`defrag`] (under the lock key); each
+//! also adds to the observation what its planner reads ([`Jobs::gather`]).
 
 pub mod backup;
 pub mod defrag;
 pub mod scale_in;
 
+use tokio::sync::watch;
+
 use super::conn::Connections;
-use super::plan::{Outcome, Step};
+use super::health::{Check, Health};
+use super::plan::{Observation, Outcome, Step};
+use super::recovery::AutoRecoverDuty;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use backup::BackupRounds;
 use defrag::defragment;
+use scale_in::ScaleInDuty;
 
-/// Performs `step`. A backup round is only started here (`backups`); it ends in its own
-/// task and reports through a later observation.
+/// The jobs whose I/O lives beside the loop: what each started runs in its own task and
+/// comes back through a later observation.
+#[derive(Default)]
+pub struct Jobs {
+    /// Backup rounds running in the background, with `--backup-url`.
+    pub backups: Option<BackupRounds>,
+    /// With `--scale-in`: the API's watcher and the voters' probe.
+    pub scale_in: Option<ScaleInDuty>,
+    /// With `--auto-recover-after`: the looks for a proof of loss, and the inbox.
+    pub auto_recover: Option<AutoRecoverDuty>,
+}
+
+impl Jobs {
+    /// Adds to this tick's observation what each job has for its planner: the backup rounds
+    /// that ended, the Kubernetes API's view and (when a removal waits only on them) the
+    /// voters' answers, the looks for a proof of loss.
+    pub async fn gather<D: Dns, C: Connector>(
+        &mut self,
+        conn: &mut Connections<D, C>,
+        seen: &mut Observation,
+    ) {
+        seen.backup_rounds = self
+            .backups
+            .as_mut()
+            .map(BackupRounds::ended)
+            .unwrap_or_default();
+        if let Some(duty) = &self.scale_in {
+            duty.gather(conn, seen).await;
+        }
+        if let Some(duty) = &mut self.auto_recover {
+            seen.recovery_looks = duty.looks();
+        }
+    }
+
+    /// What came of a step, for the jobs' own metrics.
+    pub fn record(&self, outcome: &Outcome) {
+        if let Some(rounds) = &self.backups {
+            rounds.record(outcome);
+        }
+    }
+}
+
+/// Performs `step`. A backup round is only started here (`jobs.backups`); it ends in its
+/// own task and reports through a later observation. While etcd defragments it serves
+/// nothing: `/ready` says so (`health`) before the step starts.
 pub async fn execute<D: Dns, C: Connector>(
     conn: &mut Connections<D, C>,
-    backups: Option<&BackupRounds>,
+    jobs: &Jobs,
+    health: &watch::Sender<Health>,
     step: Step,
 ) -> Outcome {
     let result = match &step {
-        Step::BackupRound => match backups {
+        Step::BackupRound => match &jobs.backups {
             Some(rounds) => {
                 rounds.start();
                 Ok(())
@@ -30,6 +80,16 @@ pub async fn execute<D: Dns, C: Connector>(
             None => Err(EtcdError::Other {
                 endpoint: String::new(),
                 detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
+        Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
+            Some(duty) => {
+                duty.offer(id, survivor);
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no automatic recovery configured (--auto-recover-after)".into(),
             }),
         },
         Step::Promote { id, via, .. } => match conn.remote(via).await {
@@ -62,14 +122,19 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no connection".into(),
             }),
         },
-        Step::Defrag { lock, .. } => match conn.local().await {
-            Ok(local) => match defragment(local, *lock).await {
-                Ok(true) => Ok(()),
-                Ok(false) => return logged(Outcome::NotYet(step)),
+        Step::Defrag { why, lock } => {
+            // etcd serves nothing while it defragments: not ready meanwhile.
+            let reason = format!("defragmenting: {why}");
+            health.send_modify(|h| h.ready = Check { ok: false, reason });
+            match conn.local().await {
+                Ok(local) => match defragment(local, *lock).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => return logged(Outcome::NotYet(step)),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        },
+            }
+        }
         Step::DisarmNospace => match conn.local().await {
             Ok(local) => local.disarm_nospace().await.map(|n| {
                 if n > 0 {
@@ -139,6 +204,10 @@ fn log(outcome: &Outcome) {
             tracing::warn!(why = %why, %error, "defragmentation failed; retrying after a pause");
         }
         Outcome::Done(Step::DisarmNospace) => {}
+        Outcome::Done(Step::OfferRecovery { .. }) => {}
+        Outcome::Failed(Step::OfferRecovery { id, .. }, error) => {
+            tracing::warn!(recovery = %id, %error, "auto-recover: the request was not handed over");
+        }
         Outcome::Failed(Step::DisarmNospace, error) => {
             tracing::warn!(%error, "could not disarm NOSPACE; retrying");
         }
@@ -148,14 +217,16 @@ fn log(outcome: &Outcome) {
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
-            | Step::RemoveMember { .. },
+            | Step::RemoveMember { .. }
+            | Step::OfferRecovery { .. },
         )
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
             | Step::BackupRound
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
-            | Step::RemoveMember { .. },
+            | Step::RemoveMember { .. }
+            | Step::OfferRecovery { .. },
         ) => {}
     }
 }

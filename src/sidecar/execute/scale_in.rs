@@ -14,7 +14,46 @@ use crate::etcd::{Connector, MemberInfo};
 use crate::facts::MemberStatus;
 use crate::kube_api::{workload_state, Workload};
 use crate::sidecar::conn::Connections;
-use crate::sidecar::plan::observation::{WorkloadSeen, WorkloadState};
+use crate::sidecar::plan::observation::{Observation, WorkloadSeen, WorkloadState};
+use crate::sidecar::plan::scale_in::voters_to_ask;
+
+/// The sidecar's share of scale-in: what the loop feeds the planner and tells the API's
+/// watcher.
+pub struct ScaleInDuty {
+    /// The API's last answer, as [`watch_workload`] publishes it.
+    pub answers: watch::Receiver<Option<WorkloadSeen>>,
+    /// Whether this pod's member leads, as the last observation saw: the watcher asks the
+    /// API only while it does.
+    pub leading: watch::Sender<bool>,
+    pub identity: crate::identity::Identity,
+    /// `--replicas`, the initial size.
+    pub initial: u32,
+    /// `--scale-in-interval`.
+    pub interval: Duration,
+}
+
+impl ScaleInDuty {
+    /// Tells the watcher whether this member leads, and adds to `seen` the API's last
+    /// answer and, when a removal waits only on them, the voters' answers.
+    pub async fn gather<D: Dns, C: Connector>(
+        &self,
+        conn: &mut Connections<D, C>,
+        seen: &mut Observation,
+    ) {
+        let leads = matches!(&seen.local.status, Ok(s) if s.leader != 0 && s.leader == s.member_id && !s.is_learner);
+        self.leading.send_if_modified(|held| {
+            let changed = *held != leads;
+            *held = leads;
+            changed
+        });
+        seen.scale_in.workload = self.answers.borrow().clone();
+        let ask = voters_to_ask(&self.identity, self.initial, self.interval, seen);
+        if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
+            seen.scale_in.voters_answering =
+                Some(answering_voters(conn, &members, &ids, &seen.peers).await);
+        }
+    }
+}
 
 /// While `leading` is true, asks the API every `interval` (at once when leadership
 /// arrives) until `stop`, and publishes each answer. Only the leader removes members, so a

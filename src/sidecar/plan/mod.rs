@@ -6,6 +6,7 @@
 //! a new planner: one file here, its step's arm in the executor, and one line in
 //! `sidecar::planners`.
 
+pub mod auto_recover;
 pub mod backup;
 pub mod defrag;
 pub mod evict;
@@ -46,6 +47,9 @@ pub enum Step {
     /// Remove member `id` of a scaled-away ordinal through the local member (this pod's
     /// member leads; see [`scale_in`]).
     RemoveMember { id: u64, ordinal: u32 },
+    /// Hand this sidecar the recovery request `id` (survivor `survivor`, this pod) that
+    /// `recover --yes` would have handed it (see [`auto_recover`]).
+    OfferRecovery { id: String, survivor: String },
 }
 
 /// Why a step is intended: the log says it, tests match on it.

@@ -47,6 +47,9 @@ pub struct Observation {
     /// With `--scale-in`: the Kubernetes API's view and the voters' answers (filled in by
     /// the loop).
     pub scale_in: ScaleInSeen,
+    /// With `--auto-recover-after`: the looks for a proof of loss taken since the last tick,
+    /// in order (filled in by the loop).
+    pub recovery_looks: Vec<LossLook>,
 }
 
 impl Observation {
@@ -74,6 +77,7 @@ impl Observation {
             backup_rounds: Vec::new(),
             peers: Vec::new(),
             scale_in: Default::default(),
+            recovery_looks: Vec::new(),
         }
     }
 
@@ -153,6 +157,22 @@ pub enum RoundEnd {
     /// The round could not run to its end (etcd or the store unreachable, …); the error, as
     /// logged.
     Failed { error: String },
+}
+
+/// One look for a proof of loss (`--auto-recover-after`), as `recover --yes` would see it
+/// from this pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossLook {
+    /// Nothing to judge: the look failed, or this volume holds no data.
+    Unknown,
+    /// `recover::plan::automatic` holds at `at`: the recovery it would carry out.
+    Proven {
+        at: Instant,
+        id: String,
+        why: String,
+    },
+    /// It does not hold, and why.
+    NotProven { why: String },
 }
 
 /// The StatefulSet as the Kubernetes API last described it.
