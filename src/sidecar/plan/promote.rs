@@ -7,8 +7,7 @@ use prometheus_client::registry::Registry;
 
 use super::observation::{Observation, PeerApi};
 use super::{Outcome, Planner, Step, Why};
-use crate::facts::ActionKind;
-use crate::facts::{MemberInfo, MemberStatus};
+use crate::facts::{ActionKind, MemberInfo, MemberStatus};
 
 /// etcd promotes a learner whose match index is at least 90% of the leader's
 /// (`isLearnerReady` in etcdserver); ask at that point and let etcd judge exactly.
