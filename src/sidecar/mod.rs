@@ -36,6 +36,7 @@ use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
 use http::AppState;
 use observe::{HttpPeerProbe, Journal, Observation, PeerProbe};
 use plan::{Outcome, Planner, Step};
+pub use recovery::RecoveryDuty;
 
 /// How often the loop looks: once a second while this member is ready; ten times a second
 /// while it is not (etcd starting, or waiting for its peers), so `/ready` turns 200 within
@@ -79,97 +80,6 @@ pub struct Sidecar<D, C: Connector, P> {
     certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
-}
-
-/// The sidecar's share of a recovery (see [`recovery`]).
-pub struct RecoveryDuty {
-    pub inbox: Arc<recovery::Inbox<crate::facts::RecoveryRequest>>,
-    pub restore: Arc<recovery::Inbox<crate::facts::RestoreRequest>>,
-    pub stopper: recovery::Stopper,
-    pub me: String,
-    pub data_dir: std::path::PathBuf,
-    /// The last outcome logged, so that a state is logged once.
-    reported: Option<String>,
-}
-
-impl RecoveryDuty {
-    /// Stops etcd when this pod is the survivor of a held request that `init` has not
-    /// acted on; returns what `/ready` says meanwhile.
-    fn tick(&mut self) -> Option<String> {
-        match crate::volume::marker::left(&self.data_dir) {
-            Ok(Some(l)) => {
-                return Some(format!(
-                    "this pod left the cluster (etcd-steward leave, member {:x}): it stays out until etcd-steward rejoin",
-                    l.member_id
-                ))
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return Some(format!(
-                    "the leave marker {e}: whether this pod left is unknown; init waits until it is repaired or moved away"
-                ))
-            }
-        }
-        if let Some(r) = self.restore.current() {
-            return Some(self.restore_tick(&r));
-        }
-        let request = self.inbox.current()?;
-        let marker = crate::volume::marker::recovery(&self.data_dir)
-            .ok()
-            .flatten();
-        let Some(r) = recovery::must_stop_etcd(&self.me, Some(&request), marker.as_ref()) else {
-            return Some(match marker {
-                Some(m) if m.id == request.id => format!(
-                    "recovery {}: this pod's volume is the survivor; etcd was started as a one-member cluster on it",
-                    request.id
-                ),
-                _ => format!(
-                    "recovery {}: {} restarts as a one-member cluster from its volume; this pod then joins it as a new learner",
-                    request.id, request.survivor
-                ),
-            });
-        };
-        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
-        Some(text)
-    }
-
-    /// A restore of the live cluster: every pod whose volume still holds data it was not
-    /// set aside for stops its etcd, so that `init` sets the data aside and re-forms.
-    fn restore_tick(&mut self, r: &crate::facts::RestoreRequest) -> String {
-        let state = crate::volume::inspect(&self.data_dir).ok();
-        let pending = state
-            .as_ref()
-            .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
-        if pending {
-            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
-        } else {
-            format!(
-                "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
-                r.id, r.snapshot
-            )
-        }
-    }
-
-    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
-        let text = match self.stopper.stop(id) {
-            recovery::Stop::Signalled(pid) => {
-                tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
-                format!("{id}: {why}; etcd stopped, init starts it again")
-            }
-            recovery::Stop::CoolingDown => format!("{id}: {why}; waiting for etcd to restart"),
-            recovery::Stop::Done => format!("{id}: {why}; etcd was stopped once for it, init decides"),
-            recovery::Stop::NotVisible => format!(
-                "{id}: {why}, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
-                self.data_dir.display()
-            ),
-            recovery::Stop::Failed(e) => format!("{id}: {why}; cannot stop etcd: {e}"),
-        };
-        if self.reported.as_deref() != Some(text.as_str()) {
-            tracing::info!(request = %id, state = %text, "recovery step");
-            self.reported = Some(text.clone());
-        }
-        text
-    }
 }
 
 impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
@@ -432,14 +342,13 @@ where
             inbox: state.recovery.clone(),
         });
     }
-    sidecar.recovery = Some(RecoveryDuty {
-        inbox: state.recovery.clone(),
-        restore: state.restore.clone(),
-        stopper: recovery::Stopper::new(&cfg.data_dir),
-        me: cfg.identity.name(),
-        data_dir: cfg.data_dir.clone(),
-        reported: None,
-    });
+    sidecar.recovery = Some(RecoveryDuty::new(
+        state.recovery.clone(),
+        state.restore.clone(),
+        recovery::Stopper::new(&cfg.data_dir),
+        cfg.identity.name(),
+        cfg.data_dir.clone(),
+    ));
     state.control = control;
     // The material, not a config: each handshake takes the files as they are then.
     let peer_tls = cfg.peer_tls.clone();
