@@ -12,9 +12,9 @@ use prometheus_client::registry::Registry;
 use etcd_steward::config::{Cli, Command, Config};
 use etcd_steward::dns::Lookup;
 use etcd_steward::fake::{FakeCluster, FakeDns, Op};
+use etcd_steward::sidecar::gather::PeerProbe;
 use etcd_steward::sidecar::health::PeerApi;
 use etcd_steward::sidecar::http::metrics::{encode, Format};
-use etcd_steward::sidecar::observe::PeerProbe;
 use etcd_steward::sidecar::plan::defrag::LOCK_KEY;
 use etcd_steward::sidecar::Sidecar;
 

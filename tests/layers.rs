@@ -102,6 +102,11 @@ const LAYERS: &[Layer] = &[
 /// that are allowed: (from, to, why).
 const SAME_LAYER_ALLOWED: &[(&str, &str, &str)] = &[
     (
+        "policy",
+        "units",
+        "a defragmentation threshold is a size, parsed and shown as every size is",
+    ),
+    (
         "decision",
         "recovery",
         "the pure decision asks the pure recovery plan when quorum is lost",

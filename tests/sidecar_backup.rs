@@ -13,20 +13,58 @@ use tokio::time::Instant;
 use etcd_steward::backup::schedule::BackupMetrics;
 use etcd_steward::config::{Cli, Command, Config};
 use etcd_steward::etcd::MemberStatus;
+use etcd_steward::sidecar::execute::backup::{BackupExport, BackupRounds, RoundReport};
+use etcd_steward::sidecar::gather::Observation;
 use etcd_steward::sidecar::http::metrics::{encode, Format};
-use etcd_steward::sidecar::observe::Observation;
 use etcd_steward::sidecar::plan::backup::{Backup, RoundEnd, ROUND_EVERY};
-use etcd_steward::sidecar::plan::{planners, Outcome, Planner, Step};
+use etcd_steward::sidecar::plan::{Outcome, Planner, Step};
+use etcd_steward::sidecar::planners;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const INTERVAL: Duration = Duration::from_secs(30 * 60);
 const LEADER: u64 = 0xa0;
 
+/// The backup planner and, beside it, the metrics the executor exports from the rounds'
+/// reports, as the loop runs them: the reports are exported, then the planner is told how
+/// the rounds ended.
+struct Rounds {
+    planner: Backup,
+    export: BackupExport,
+}
+
+impl Rounds {
+    fn new(interval: Duration, registry: &mut Registry) -> Self {
+        Rounds {
+            planner: Backup::new(interval),
+            export: BackupExport::register(registry),
+        }
+    }
+
+    fn in_flight(&self) -> bool {
+        self.planner.in_flight()
+    }
+
+    fn plan(&mut self, seen: &Seen) -> Vec<Step> {
+        for report in &seen.1 {
+            self.export.absorb(report);
+        }
+        self.planner.plan(&seen.0)
+    }
+
+    fn learn(&mut self, outcome: &Outcome) {
+        self.planner.learn(outcome);
+        self.export.record(outcome);
+    }
+}
+
+/// One tick's observation, and the reports of the rounds that ended since the last.
+struct Seen(Observation, Vec<RoundReport>);
+
 /// What member `me` sees, member `leader` leading (0: no leader).
-fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
-    Observation {
-        backup_rounds: rounds,
+fn seen(me: u64, leader: u64, rounds: Vec<RoundReport>) -> Seen {
+    let observation = Observation {
+        backup_rounds: rounds.iter().map(|r| r.end.clone()).collect(),
         ..Observation::serving(
             Instant::now(),
             MemberStatus {
@@ -40,11 +78,12 @@ fn seen(me: u64, leader: u64, rounds: Vec<RoundEnd>) -> Observation {
                 ..Default::default()
             },
         )
-    }
+    };
+    Seen(observation, rounds)
 }
 
 /// The leader's planner after one tick: the steps, each performed (started) at once.
-fn tick(p: &mut Backup, seen: &Observation) -> Vec<Step> {
+fn tick(p: &mut Rounds, seen: &Seen) -> Vec<Step> {
     let steps = p.plan(seen);
     for s in &steps {
         p.learn(&Outcome::Done(s.clone()));
@@ -52,8 +91,12 @@ fn tick(p: &mut Backup, seen: &Observation) -> Vec<Step> {
     steps
 }
 
-fn ran(revision: i64, time: u64) -> RoundEnd {
-    RoundEnd::Ran {
+fn ran(revision: i64, time: u64) -> RoundReport {
+    RoundReport {
+        end: RoundEnd::Ran {
+            newest_verified: Some((time, revision)),
+            take_error: None,
+        },
         metrics: BackupMetrics {
             last_success: Some(time as f64),
             last_revision: Some(revision),
@@ -63,19 +106,19 @@ fn ran(revision: i64, time: u64) -> RoundEnd {
             drill_last_success: Some(time as f64 + 2.0),
             ..BackupMetrics::default()
         },
-        newest_verified: Some((time, revision)),
-        take_error: None,
     }
 }
 
-fn store_down() -> RoundEnd {
-    RoundEnd::Failed {
+fn store_down() -> RoundReport {
+    RoundReport {
+        end: RoundEnd::Failed {
+            error: "store s3://b/p unreachable".into(),
+        },
         metrics: BackupMetrics {
             failures: 1,
             duration: Some(0.2),
             ..BackupMetrics::default()
         },
-        error: "store s3://b/p unreachable".into(),
     }
 }
 
@@ -86,9 +129,9 @@ fn metric(registry: &Registry, series: &str) -> Result<Option<f64>, Box<dyn std:
 
 #[tokio::test(start_paused = true)]
 async fn only_the_leaders_sidecar_plans_a_backup_round() {
-    let mut follower = Backup::new(INTERVAL, &mut Registry::default());
-    let mut no_leader = Backup::new(INTERVAL, &mut Registry::default());
-    let mut leader = Backup::new(INTERVAL, &mut Registry::default());
+    let mut follower = Rounds::new(INTERVAL, &mut Registry::default());
+    let mut no_leader = Rounds::new(INTERVAL, &mut Registry::default());
+    let mut leader = Rounds::new(INTERVAL, &mut Registry::default());
     for _ in 0..100 {
         assert!(tick(&mut follower, &seen(0xa1, LEADER, vec![])).is_empty());
         assert!(tick(&mut no_leader, &seen(LEADER, 0, vec![])).is_empty());
@@ -102,7 +145,7 @@ async fn only_the_leaders_sidecar_plans_a_backup_round() {
 
 #[tokio::test(start_paused = true)]
 async fn one_round_at_a_time_however_long_it_runs() {
-    let mut p = Backup::new(INTERVAL, &mut Registry::default());
+    let mut p = Rounds::new(INTERVAL, &mut Registry::default());
     assert_eq!(tick(&mut p, &seen(LEADER, LEADER, vec![])).len(), 1);
     assert!(p.in_flight());
     // A 1 GiB snapshot and the drill: ten minutes of ticks, no second round.
@@ -119,7 +162,7 @@ async fn one_round_at_a_time_however_long_it_runs() {
 
 #[tokio::test(start_paused = true)]
 async fn rounds_are_planned_every_15_s_not_every_tick() {
-    let mut p = Backup::new(INTERVAL, &mut Registry::default());
+    let mut p = Rounds::new(INTERVAL, &mut Registry::default());
     let mut started = Vec::new();
     let start = Instant::now();
     let mut rounds = Vec::new();
@@ -137,7 +180,7 @@ async fn rounds_are_planned_every_15_s_not_every_tick() {
 
 #[tokio::test(start_paused = true)]
 async fn a_short_interval_is_looked_at_four_times_per_interval() {
-    let mut p = Backup::new(Duration::from_secs(8), &mut Registry::default());
+    let mut p = Rounds::new(Duration::from_secs(8), &mut Registry::default());
     assert_eq!(tick(&mut p, &seen(LEADER, LEADER, vec![])).len(), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(tick(&mut p, &seen(LEADER, LEADER, vec![ran(7, 1000)])).is_empty());
@@ -148,7 +191,7 @@ async fn a_short_interval_is_looked_at_four_times_per_interval() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_round_is_counted_and_the_next_round_is_planned() -> TestResult {
     let mut registry = Registry::default();
-    let mut p = Backup::new(INTERVAL, &mut registry);
+    let mut p = Rounds::new(INTERVAL, &mut registry);
     assert_eq!(tick(&mut p, &seen(LEADER, LEADER, vec![])).len(), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(tick(&mut p, &seen(LEADER, LEADER, vec![store_down()])).is_empty());
@@ -191,7 +234,7 @@ async fn a_failed_round_is_counted_and_the_next_round_is_planned() -> TestResult
 #[tokio::test(start_paused = true)]
 async fn a_round_that_ends_after_leadership_moved_still_reports() -> TestResult {
     let mut registry = Registry::default();
-    let mut p = Backup::new(INTERVAL, &mut registry);
+    let mut p = Rounds::new(INTERVAL, &mut registry);
     assert_eq!(tick(&mut p, &seen(LEADER, LEADER, vec![])).len(), 1);
     tokio::time::advance(Duration::from_secs(30)).await;
     // Now a follower: its round's report is exported, and no new round planned.
@@ -232,14 +275,18 @@ fn config(extra: &[&str]) -> Result<Config, Box<dyn std::error::Error>> {
 #[test]
 fn backup_metrics_exist_only_with_a_backup_url() -> TestResult {
     let mut without = Registry::default();
-    let _ = planners(&config(&[])?, &mut without);
+    let cfg = config(&[])?;
+    let _ = planners(&cfg, &mut without);
+    assert!(BackupRounds::new(&cfg, &mut without).is_none());
     let text = encode(&without, Format::OpenMetrics)?;
     assert!(!text.contains("etcd_steward_backup"), "{text}");
 
     let store = tempfile::tempdir()?;
     let url = format!("file://{}", store.path().display());
     let mut with = Registry::default();
-    let _ = planners(&config(&["--backup-url", &url])?, &mut with);
+    let cfg = config(&["--backup-url", &url])?;
+    let _ = planners(&cfg, &mut with);
+    assert!(BackupRounds::new(&cfg, &mut with).is_some());
     assert_eq!(
         metric(&with, "etcd_steward_backup_failures_total")?,
         Some(0.0)
@@ -282,7 +329,7 @@ fn promtool(text: &str) -> Result<String, Box<dyn std::error::Error>> {
 #[tokio::test(start_paused = true)]
 async fn the_backup_metrics_pass_promtool_with_every_series_set() -> TestResult {
     let mut registry = Registry::default();
-    let mut p = Backup::new(INTERVAL, &mut registry);
+    let mut p = Rounds::new(INTERVAL, &mut registry);
     tick(&mut p, &seen(LEADER, LEADER, vec![]));
     tick(&mut p, &seen(LEADER, LEADER, vec![ran(7, 1_700_000_000)]));
     tick(&mut p, &seen(LEADER, LEADER, vec![store_down()]));

@@ -13,10 +13,10 @@ use tower::ServiceExt;
 
 use etcd_steward::etcd::MemberStatus;
 use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
+use etcd_steward::sidecar::gather::Journal;
 use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
 use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};
 use etcd_steward::sidecar::http::{peer_router, report_router, router, AppState};
-use etcd_steward::sidecar::observe::Journal;
 use etcd_steward::sidecar::plan::evict::Evict;
 use etcd_steward::sidecar::plan::promote::Promote;
 use etcd_steward::sidecar::plan::{Outcome, Planner, Step, Why};

@@ -18,10 +18,10 @@ use etcd_steward::config::{Cli, Command, Config};
 use etcd_steward::dns::Lookup;
 use etcd_steward::etcd::EtcdError;
 use etcd_steward::fake::{FakeCluster, FakeDns, Op, Times};
+use etcd_steward::sidecar::gather::PeerProbe;
 use etcd_steward::sidecar::health::PeerApi;
 use etcd_steward::sidecar::http::metrics::{encode, Format};
 use etcd_steward::sidecar::http::{router, AppState};
-use etcd_steward::sidecar::observe::PeerProbe;
 use etcd_steward::sidecar::{Sidecar, FAST_TICK, LEARNER_TICK, TICK};
 use etcd_steward::volume::journal;
 

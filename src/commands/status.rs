@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
+use crate::units::mib_or_gib;
 
 const CALL: Duration = Duration::from_secs(2);
 
@@ -292,14 +293,6 @@ fn restore_tool(
     }
 }
 
-fn size(bytes: Option<i64>) -> String {
-    match bytes {
-        None => "-".into(),
-        Some(b) if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        Some(b) => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-    }
-}
-
 fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
 }
@@ -330,8 +323,8 @@ pub fn render(s: &ClusterStatus) -> String {
             or_dash(p.member_id.as_ref()),
             p.role.clone(),
             or_dash(p.raft_index_lag),
-            size(p.db_size),
-            size(p.db_size_in_use),
+            mib_or_gib(p.db_size),
+            mib_or_gib(p.db_size_in_use),
             if p.alarms.is_empty() {
                 "-".into()
             } else {

@@ -7,11 +7,9 @@ use super::DefragArgs;
 
 impl DefragArgs {
     /// The typed policy; adds every broken constraint to `problems`.
-    pub fn validate(
-        &self,
-        problems: &mut Vec<String>,
-    ) -> crate::sidecar::plan::defrag::DefragPolicy {
-        use crate::sidecar::plan::defrag::{parse_size, DefragPolicy, Threshold};
+    pub fn validate(&self, problems: &mut Vec<String>) -> crate::policy::DefragPolicy {
+        use crate::policy::{DefragPolicy, Threshold};
+        use crate::units::parse_size;
         let threshold = Threshold::parse(&self.defrag_threshold).unwrap_or_else(|e| {
             problems.push(format!("--defrag-threshold: {e}"));
             None

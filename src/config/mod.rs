@@ -57,7 +57,7 @@ pub struct Config {
     /// Backups, when `--backup-url` is given.
     pub backup: Option<crate::backup::BackupConfig>,
     /// Defragmentation and the NOSPACE alarm (sidecar).
-    pub defrag: crate::sidecar::plan::defrag::DefragPolicy,
+    pub defrag: crate::policy::DefragPolicy,
     /// The Kubernetes API, when its URL is known (`--kube-api-url`, or in a cluster).
     pub kube: Option<crate::kube_api::KubeAccess>,
     /// `--scale-in`: how often the leader's sidecar asks the API.

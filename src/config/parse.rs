@@ -16,16 +16,9 @@ pub fn duration_at_least(
     example: &str,
     problems: &mut Vec<String>,
 ) -> Option<Duration> {
-    match humantime::parse_duration(value.trim()) {
-        Ok(d) if d >= min => Some(d),
-        _ => {
-            problems.push(format!(
-                "--{name} must be a duration of at least {} such as {example}, got {value:?}",
-                humantime::format_duration(min)
-            ));
-            None
-        }
-    }
+    crate::units::parse_duration_at_least(value.trim(), min, example)
+        .map_err(|why| problems.push(format!("--{name} {why}")))
+        .ok()
 }
 
 /// Loads one side's TLS files: all three or none.

@@ -3,32 +3,8 @@
 
 use serde::Serialize;
 
-use crate::etcd::MemberStatus;
-
-/// What etcd's peer API said when the client API did not answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PeerApi {
-    /// It answered: etcd runs (a member restarted without quorum serves no client
-    /// requests until its peers return, but its peer API answers).
-    Answered,
-    /// Nothing listens: etcd is not running (init is still deciding, or etcd is starting).
-    NotListening,
-    /// It accepted the connection but did not answer in time: etcd is hung.
-    NoAnswer(String),
-}
-
-/// One round of observations of the local member.
-#[derive(Debug, Clone)]
-pub struct LocalObservation {
-    pub serializable: Result<(), String>,
-    /// Asked only when the serializable read failed.
-    pub peer_api: Option<PeerApi>,
-    pub status: Result<MemberStatus, String>,
-    /// Asked only of a voter that sees a leader.
-    pub linearizable: Option<Result<(), String>>,
-    /// The leader's raft index, when this member is not the leader.
-    pub leader_index: Option<u64>,
-}
+/// The local member as one tick saw it (plain data, shared with the planners).
+pub use super::plan::observation::{nospace, LocalObservation, PeerApi};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
@@ -119,7 +95,7 @@ pub fn assess(o: &LocalObservation) -> Health {
             false,
             format!("member {:x} sees no leader (no quorum)", s.member_id),
         ),
-        (Ok(s), _) if super::plan::defrag::nospace(s) => check(
+        (Ok(s), _) if nospace(s) => check(
             false,
             format!(
                 "NOSPACE: the database reached etcd's --quota-backend-bytes and etcd refuses writes until the alarm is disarmed; the sidecars defragment and disarm it when that frees enough, else the log says what to do (alarm active: {})",

@@ -4,16 +4,14 @@
 //! them (a backup round in its own task, reported back through a later observation).
 //! Stops cleanly on SIGTERM.
 
-pub mod backup_round;
 pub mod checks;
 pub mod conn;
 pub mod execute;
+pub mod gather;
 pub mod health;
 pub mod http;
-pub mod observe;
 pub mod plan;
 pub mod recovery;
-pub mod scale_in;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -29,13 +27,16 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::Connector;
-use backup_round::BackupRounds;
 use conn::Connections;
+use execute::backup::BackupRounds;
+pub use execute::scale_in::ScaleInDuty;
+use execute::Jobs;
+use gather::{HttpPeerProbe, Journal, Observation, PeerProbe};
 use health::{assess, Health};
 use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
 use http::AppState;
-use observe::{HttpPeerProbe, Journal, Observation, PeerProbe};
 use plan::{Outcome, Planner, Step};
+pub use recovery::RecoveryDuty;
 
 /// How often the loop looks: once a second while this member is ready; ten times a second
 /// while it is not (etcd starting, or waiting for its peers), so `/ready` turns 200 within
@@ -64,8 +65,8 @@ pub struct Sidecar<D, C: Connector, P> {
     journal: Journal,
     own_peer_url: String,
     planners: Vec<Box<dyn Planner>>,
-    /// Backup rounds running in the background, with `--backup-url`.
-    backups: Option<BackupRounds>,
+    /// The jobs whose I/O runs beside the loop (backup rounds, scale-in's watcher).
+    pub jobs: Jobs,
     /// The last tick's outcomes, which the next observation carries.
     previous: Vec<Outcome>,
     health: watch::Sender<Health>,
@@ -79,113 +80,6 @@ pub struct Sidecar<D, C: Connector, P> {
     certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
-    /// With `--scale-in`: what the loop feeds the planner and tells the API's watcher.
-    pub scale_in: Option<ScaleInDuty>,
-}
-
-/// The sidecar's share of scale-in (see [`scale_in`]).
-pub struct ScaleInDuty {
-    /// The API's last answer, as [`scale_in::watch_workload`] publishes it.
-    pub answers: watch::Receiver<Option<plan::scale_in::WorkloadSeen>>,
-    /// Whether this pod's member leads, as the last observation saw: the watcher asks the
-    /// API only while it does.
-    pub leading: watch::Sender<bool>,
-    pub identity: crate::identity::Identity,
-    /// `--replicas`, the initial size.
-    pub initial: u32,
-    /// `--scale-in-interval`.
-    pub interval: Duration,
-}
-
-/// The sidecar's share of a recovery (see [`recovery`]).
-pub struct RecoveryDuty {
-    pub inbox: Arc<recovery::Inbox<crate::facts::RecoveryRequest>>,
-    pub restore: Arc<recovery::Inbox<crate::facts::RestoreRequest>>,
-    pub stopper: recovery::Stopper,
-    pub me: String,
-    pub data_dir: std::path::PathBuf,
-    /// The last outcome logged, so that a state is logged once.
-    reported: Option<String>,
-}
-
-impl RecoveryDuty {
-    /// Stops etcd when this pod is the survivor of a held request that `init` has not
-    /// acted on; returns what `/ready` says meanwhile.
-    fn tick(&mut self) -> Option<String> {
-        match crate::volume::marker::left(&self.data_dir) {
-            Ok(Some(l)) => {
-                return Some(format!(
-                    "this pod left the cluster (etcd-steward leave, member {:x}): it stays out until etcd-steward rejoin",
-                    l.member_id
-                ))
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return Some(format!(
-                    "the leave marker {e}: whether this pod left is unknown; init waits until it is repaired or moved away"
-                ))
-            }
-        }
-        if let Some(r) = self.restore.current() {
-            return Some(self.restore_tick(&r));
-        }
-        let request = self.inbox.current()?;
-        let marker = crate::volume::marker::recovery(&self.data_dir)
-            .ok()
-            .flatten();
-        let Some(r) = recovery::must_stop_etcd(&self.me, Some(&request), marker.as_ref()) else {
-            return Some(match marker {
-                Some(m) if m.id == request.id => format!(
-                    "recovery {}: this pod's volume is the survivor; etcd was started as a one-member cluster on it",
-                    request.id
-                ),
-                _ => format!(
-                    "recovery {}: {} restarts as a one-member cluster from its volume; this pod then joins it as a new learner",
-                    request.id, request.survivor
-                ),
-            });
-        };
-        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
-        Some(text)
-    }
-
-    /// A restore of the live cluster: every pod whose volume still holds data it was not
-    /// set aside for stops its etcd, so that `init` sets the data aside and re-forms.
-    fn restore_tick(&mut self, r: &crate::facts::RestoreRequest) -> String {
-        let state = crate::volume::inspect(&self.data_dir).ok();
-        let pending = state
-            .as_ref()
-            .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
-        if pending {
-            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
-        } else {
-            format!(
-                "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
-                r.id, r.snapshot
-            )
-        }
-    }
-
-    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
-        let text = match self.stopper.stop(id) {
-            recovery::Stop::Signalled(pid) => {
-                tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
-                format!("{id}: {why}; etcd stopped, init starts it again")
-            }
-            recovery::Stop::CoolingDown => format!("{id}: {why}; waiting for etcd to restart"),
-            recovery::Stop::Done => format!("{id}: {why}; etcd was stopped once for it, init decides"),
-            recovery::Stop::NotVisible => format!(
-                "{id}: {why}, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
-                self.data_dir.display()
-            ),
-            recovery::Stop::Failed(e) => format!("{id}: {why}; cannot stop etcd: {e}"),
-        };
-        if self.reported.as_deref() != Some(text.as_str()) {
-            tracing::info!(request = %id, state = %text, "recovery step");
-            self.reported = Some(text.clone());
-        }
-        text
-    }
 }
 
 impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
@@ -197,8 +91,12 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             probe,
             journal: Journal::new(&cfg.data_dir),
             own_peer_url: id.peer_url(id.ordinal),
-            planners: plan::planners(cfg, registry),
-            backups: BackupRounds::new(cfg),
+            planners: planners(cfg, registry),
+            jobs: Jobs {
+                backups: BackupRounds::new(cfg, registry),
+                scale_in: None,
+                auto_recover: None,
+            },
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
             vouch: watch::channel(None).0,
@@ -207,7 +105,6 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             tls: cfg.etcd.tls.iter().chain(&cfg.peer_tls).cloned().collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
-            scale_in: None,
         }
     }
 
@@ -226,7 +123,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         for material in &self.tls {
             self.certificate_metrics.set(&material.expiry());
         }
-        let mut seen = observe::observe(
+        let mut seen = gather::observe(
             &mut self.conn,
             &self.probe,
             &mut self.journal,
@@ -234,31 +131,11 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         )
         .await;
         seen.previous = std::mem::take(&mut self.previous);
-        seen.backup_rounds = self
-            .backups
-            .as_mut()
-            .map(BackupRounds::ended)
-            .unwrap_or_default();
         if self.planners.iter().any(|p| p.wants_peers(&seen)) {
             let me = seen.local.status.as_ref().map(|s| s.member_id).unwrap_or(0);
-            seen.peers = observe::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
+            seen.peers = gather::peer_statuses(&mut self.conn, me, seen.members.as_deref()).await;
         }
-        if let Some(duty) = &self.scale_in {
-            let leads = matches!(&seen.local.status, Ok(s) if s.leader != 0 && s.leader == s.member_id && !s.is_learner);
-            duty.leading.send_if_modified(|held| {
-                let changed = *held != leads;
-                *held = leads;
-                changed
-            });
-            seen.scale_in.workload = duty.answers.borrow().clone();
-            let (identity, initial, interval) = (&duty.identity, duty.initial, duty.interval);
-            let ask = plan::scale_in::voters_to_ask(identity, initial, interval, &seen);
-            if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
-                seen.scale_in.voters_answering = Some(
-                    scale_in::answering_voters(&mut self.conn, &members, &ids, &seen.peers).await,
-                );
-            }
-        }
+        self.jobs.gather(&mut self.conn, &mut seen).await;
         let mut health = assess(&seen.local);
         if !health.etcd_running {
             let note = crate::volume::marker::waiting(self.journal.data_dir());
@@ -277,14 +154,10 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
             for step in planner.plan(&seen) {
-                if let Step::Defrag { why, .. } = &step {
-                    // etcd serves nothing while it defragments: not ready meanwhile.
-                    let reason = format!("defragmenting: {why}");
-                    self.health
-                        .send_modify(|h| h.ready = health::Check { ok: false, reason });
-                }
-                let outcome = execute::execute(&mut self.conn, self.backups.as_ref(), step).await;
-                planner.learn(&outcome);
+                let outcome =
+                    execute::execute(&mut self.conn, &self.jobs, &self.health, step).await;
+                planner.learned(&outcome, tokio::time::Instant::now());
+                self.jobs.record(&outcome);
                 outcomes.push(outcome);
             }
         }
@@ -318,6 +191,35 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
         self.init_metrics.set(&seen.journal.counts);
         self.health.send_replace(health.clone());
     }
+}
+
+/// Every planner, in the order their steps run. Each registers its own metrics (the
+/// backup rounds' are the executor's: [`execute::backup::BackupRounds::new`]).
+pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
+    let mut planners: Vec<Box<dyn Planner>> = vec![
+        Box::new(plan::promote::Promote::new(registry)),
+        Box::new(plan::evict::Evict::new(cfg.learner_stall_timeout, registry)),
+        Box::new(plan::peer_url::PeerUrl::default()),
+    ];
+    if let Some(interval) = cfg.scale_in {
+        planners.push(Box::new(plan::scale_in::ScaleIn::new(
+            cfg.identity.clone(),
+            cfg.replicas,
+            interval,
+            registry,
+        )));
+    }
+    if let Some(b) = &cfg.backup {
+        planners.push(Box::new(plan::backup::Backup::new(b.interval)));
+    }
+    planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
+    if let Some(after) = cfg.auto_recover_after {
+        planners.push(Box::new(plan::auto_recover::AutoRecover::new(
+            cfg.identity.name(),
+            after,
+        )));
+    }
+    planners
 }
 
 /// How long to wait after a round (see [`TICK`]).
@@ -398,7 +300,7 @@ where
         if let Ok(api) = api {
             let (tx, answers) = watch::channel(None);
             let (leading, leading_rx) = watch::channel(false);
-            tokio::spawn(scale_in::watch_workload(
+            tokio::spawn(execute::scale_in::watch_workload(
                 api,
                 access.statefulset.clone(),
                 interval,
@@ -406,7 +308,7 @@ where
                 leading_rx,
                 stop.clone(),
             ));
-            sidecar.scale_in = Some(ScaleInDuty {
+            sidecar.jobs.scale_in = Some(ScaleInDuty {
                 answers,
                 leading,
                 identity: cfg.identity.clone(),
@@ -423,24 +325,29 @@ where
         &cfg.data_dir,
     );
     state.vouch = sidecar.vouch();
-    if let Some((after, dns, connector)) = auto {
+    // The planner (`plan::auto_recover`) waits out --auto-recover-after; the task only looks.
+    if let Some((_after, dns, connector)) = auto {
+        let (looks_tx, looks) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(recovery::auto_recover(
             cfg.clone(),
             dns,
             connector,
             state.recovery.clone(),
-            after,
+            looks_tx,
             stop.clone(),
         ));
+        sidecar.jobs.auto_recover = Some(recovery::AutoRecoverDuty {
+            looks,
+            inbox: state.recovery.clone(),
+        });
     }
-    sidecar.recovery = Some(RecoveryDuty {
-        inbox: state.recovery.clone(),
-        restore: state.restore.clone(),
-        stopper: recovery::Stopper::new(&cfg.data_dir),
-        me: cfg.identity.name(),
-        data_dir: cfg.data_dir.clone(),
-        reported: None,
-    });
+    sidecar.recovery = Some(RecoveryDuty::new(
+        state.recovery.clone(),
+        state.restore.clone(),
+        recovery::Stopper::new(&cfg.data_dir),
+        cfg.identity.name(),
+        cfg.data_dir.clone(),
+    ));
     state.control = control;
     // The material, not a config: each handshake takes the files as they are then.
     let peer_tls = cfg.peer_tls.clone();

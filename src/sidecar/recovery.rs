@@ -13,13 +13,14 @@
 //! [`must_stop_etcd`] is the pure decision; the rest is I/O.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::clock::unix_now;
 use crate::control::REQUEST_TTL;
 use crate::exec::find_etcd;
 use crate::facts::{RecoveryMarker, RecoveryRequest, WalTail};
+pub use crate::sidecar::plan::observation::LossLook;
 
 /// Between two looks for an etcd process that was not visible.
 const STOP_COOLDOWN: Duration = Duration::from_secs(20);
@@ -246,25 +247,50 @@ impl Stopper {
     }
 }
 
+/// `--auto-recover-after`'s executor: the looks a task of its own takes, on their way to
+/// the planner ([`crate::sidecar::plan::auto_recover`]), and the inbox its step hands the
+/// request to.
+pub struct AutoRecoverDuty {
+    pub looks: tokio::sync::mpsc::UnboundedReceiver<LossLook>,
+    pub inbox: std::sync::Arc<Inbox<RecoveryRequest>>,
+}
+
+impl AutoRecoverDuty {
+    /// The looks taken since the last call, in order.
+    pub fn looks(&mut self) -> Vec<LossLook> {
+        let mut looks = Vec::new();
+        while let Ok(look) = self.looks.try_recv() {
+            looks.push(look);
+        }
+        looks
+    }
+
+    /// Hands this sidecar the request `recover --yes` would have handed it.
+    pub fn offer(&self, id: &str, survivor: &str) {
+        self.inbox.offer(RecoveryRequest {
+            id: id.to_string(),
+            survivor: survivor.to_string(),
+            force_lost: vec![],
+            expires_unix: unix_now() + REQUEST_TTL.as_secs(),
+        });
+    }
+}
+
 /// `--auto-recover-after`: looks every [`AUTO_LOOK`] as `init` does (every pod's report,
-/// the cluster, this volume); when [`crate::recovery::automatic`] holds without a break
-/// for `after`, hands this sidecar the request `recover --yes` would have handed it. The
-/// rest is the same path as an operator's request.
+/// the cluster, this volume) while no request is held, and sends what
+/// [`crate::recovery::automatic`] says of it to the loop, where the planner times it.
 pub async fn auto_recover<D, C>(
     cfg: crate::config::Config,
     dns: D,
     connector: C,
     inbox: std::sync::Arc<Inbox<RecoveryRequest>>,
-    after: Duration,
+    looks: tokio::sync::mpsc::UnboundedSender<LossLook>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     D: crate::dns::Dns + Clone + 'static,
     C: crate::etcd::Connector + Clone + 'static,
 {
     let obs = cfg.observer(dns, connector);
-    let me = obs.pod.identity.name();
-    let mut since: Option<Instant> = None;
-    let mut said = String::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(AUTO_LOOK) => {}
@@ -273,39 +299,133 @@ pub async fn auto_recover<D, C>(
         if inbox.current().is_some() {
             continue;
         }
-        let Ok(mut f) = obs.observe(String::new()).await else {
-            since = None;
-            continue;
-        };
-        if !f.data.has_data() {
-            since = None;
-            continue;
-        }
-        f.data.tail = crate::volume::log_tail(&obs.pod.data_dir).ok().flatten();
-        match crate::recovery::automatic(&f) {
-            Ok(plan) => {
-                let first = *since.get_or_insert_with(Instant::now);
-                if first.elapsed() >= after {
-                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: a majority of the initial pods has answered with empty volumes for --auto-recover-after and this volume is the freshest: recovering from it");
-                    inbox.offer(RecoveryRequest {
+        let look = match obs.observe(String::new()).await {
+            Ok(f) if !f.data.has_data() => LossLook::Unknown,
+            Ok(mut f) => {
+                f.data.tail = crate::volume::log_tail(&obs.pod.data_dir).ok().flatten();
+                match crate::recovery::automatic(&f) {
+                    Ok(plan) => LossLook::Proven {
+                        at: tokio::time::Instant::now(),
                         id: plan.id,
-                        survivor: me.clone(),
-                        force_lost: vec![],
-                        expires_unix: unix_now() + REQUEST_TTL.as_secs(),
-                    });
-                    since = None;
-                } else if said != plan.id {
-                    tracing::warn!(recovery = %plan.id, why = %plan.why, after = ?after, "auto-recover: the loss is proven; recovering if it stays so for --auto-recover-after");
-                    said = plan.id;
+                        why: plan.why,
+                    },
+                    Err(why) => LossLook::NotProven { why },
                 }
             }
-            Err(why) => {
-                if since.is_some() {
-                    tracing::info!(why = %why, "auto-recover: the proof of loss no longer holds; waiting again");
-                }
-                since = None;
+            Err(_) => LossLook::Unknown,
+        };
+        if looks.send(look).is_err() {
+            return;
+        }
+    }
+}
+
+/// The sidecar's share of a recovery (see the module's text): what the loop does each tick
+/// for the request this pod holds.
+pub struct RecoveryDuty {
+    pub inbox: Arc<Inbox<crate::facts::RecoveryRequest>>,
+    pub restore: Arc<Inbox<crate::facts::RestoreRequest>>,
+    pub stopper: Stopper,
+    pub me: String,
+    pub data_dir: std::path::PathBuf,
+    /// The last outcome logged, so that a state is logged once.
+    reported: Option<String>,
+}
+
+impl RecoveryDuty {
+    pub fn new(
+        inbox: Arc<Inbox<crate::facts::RecoveryRequest>>,
+        restore: Arc<Inbox<crate::facts::RestoreRequest>>,
+        stopper: Stopper,
+        me: String,
+        data_dir: std::path::PathBuf,
+    ) -> Self {
+        RecoveryDuty {
+            inbox,
+            restore,
+            stopper,
+            me,
+            data_dir,
+            reported: None,
+        }
+    }
+
+    /// Stops etcd when this pod is the survivor of a held request that `init` has not
+    /// acted on; returns what `/ready` says meanwhile.
+    pub fn tick(&mut self) -> Option<String> {
+        match crate::volume::marker::left(&self.data_dir) {
+            Ok(Some(l)) => {
+                return Some(format!(
+                    "this pod left the cluster (etcd-steward leave, member {:x}): it stays out until etcd-steward rejoin",
+                    l.member_id
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Some(format!(
+                    "the leave marker {e}: whether this pod left is unknown; init waits until it is repaired or moved away"
+                ))
             }
         }
+        if let Some(r) = self.restore.current() {
+            return Some(self.restore_tick(&r));
+        }
+        let request = self.inbox.current()?;
+        let marker = crate::volume::marker::recovery(&self.data_dir)
+            .ok()
+            .flatten();
+        let Some(r) = must_stop_etcd(&self.me, Some(&request), marker.as_ref()) else {
+            return Some(match marker {
+                Some(m) if m.id == request.id => format!(
+                    "recovery {}: this pod's volume is the survivor; etcd was started as a one-member cluster on it",
+                    request.id
+                ),
+                _ => format!(
+                    "recovery {}: {} restarts as a one-member cluster from its volume; this pod then joins it as a new learner",
+                    request.id, request.survivor
+                ),
+            });
+        };
+        let text = self.stop_etcd(&r.id, "this pod holds the freshest volume");
+        Some(text)
+    }
+
+    /// A restore of the live cluster: every pod whose volume still holds data it was not
+    /// set aside for stops its etcd, so that `init` sets the data aside and re-forms.
+    fn restore_tick(&mut self, r: &crate::facts::RestoreRequest) -> String {
+        let state = crate::volume::inspect(&self.data_dir).ok();
+        let pending = state
+            .as_ref()
+            .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
+        if pending {
+            self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
+        } else {
+            format!(
+                "restore {}: the cluster re-forms from snapshot {}; this pod's earlier data is set aside",
+                r.id, r.snapshot
+            )
+        }
+    }
+
+    fn stop_etcd(&mut self, id: &str, why: &str) -> String {
+        let text = match self.stopper.stop(id) {
+            Stop::Signalled(pid) => {
+                tracing::warn!(recovery = %id, pid, "{why}: etcd stopped (SIGTERM) so that init starts it again");
+                format!("{id}: {why}; etcd stopped, init starts it again")
+            }
+            Stop::CoolingDown => format!("{id}: {why}; waiting for etcd to restart"),
+            Stop::Done => format!("{id}: {why}; etcd was stopped once for it, init decides"),
+            Stop::NotVisible => format!(
+                "{id}: {why}, but no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
+                self.data_dir.display()
+            ),
+            Stop::Failed(e) => format!("{id}: {why}; cannot stop etcd: {e}"),
+        };
+        if self.reported.as_deref() != Some(text.as_str()) {
+            tracing::info!(request = %id, state = %text, "recovery step");
+            self.reported = Some(text.clone());
+        }
+        text
     }
 }
 

@@ -10,8 +10,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use super::promote::caught_up;
-use super::{Outcome, Planner, Step};
-use crate::sidecar::observe::Observation;
+use super::{Observation, Outcome, Planner, Step};
 
 #[derive(Debug, Clone, Copy)]
 struct Seen {
@@ -174,8 +173,7 @@ mod tests {
 #[cfg(test)]
 mod planner_tests {
     use super::*;
-    use crate::etcd::MemberStatus;
-    use crate::sidecar::observe::Observation;
+    use crate::facts::MemberStatus;
 
     fn seen(now: Instant, leader: u64) -> Observation {
         Observation {

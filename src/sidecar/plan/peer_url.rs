@@ -55,9 +55,7 @@ impl Planner for PeerUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::MemberStatus;
-    use crate::facts::MemberInfo;
-    use crate::sidecar::observe::Observation;
+    use crate::facts::{MemberInfo, MemberStatus};
 
     const NEW: &str = "https://etcd-1.etcd.default.svc.cluster.local:2380";
 

@@ -5,11 +5,9 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
+use super::observation::{Observation, PeerApi};
 use super::{Outcome, Planner, Step, Why};
-use crate::etcd::{MemberInfo, MemberStatus};
-use crate::facts::ActionKind;
-use crate::sidecar::health::PeerApi;
-use crate::sidecar::observe::Observation;
+use crate::facts::{ActionKind, MemberInfo, MemberStatus};
 
 /// etcd promotes a learner whose match index is at least 90% of the leader's
 /// (`isLearnerReady` in etcdserver); ask at that point and let etcd judge exactly.

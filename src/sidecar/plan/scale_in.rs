@@ -5,36 +5,16 @@
 //! silence (an API that does not answer, a voter that does not) never removes anything.
 //! [`decide`] is the pure rule; the loop feeds it the API's view and the voters' answers.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tokio::time::Instant;
 
-use super::{Outcome, Planner, Step};
+pub use super::observation::{ScaleInSeen, WorkloadSeen, WorkloadState};
+use super::{Observation, Outcome, Planner, Step};
 use crate::facts::MemberInfo;
 use crate::identity::Identity;
-use crate::kube_api::WorkloadState;
-use crate::sidecar::observe::Observation;
-
-/// The API's answer as the loop last had it, and when it had it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkloadSeen {
-    pub at: Instant,
-    pub state: WorkloadState,
-}
-
-/// What the loop adds to an observation for this planner.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScaleInSeen {
-    /// The Kubernetes API's last answer; `None` until it answered.
-    pub workload: Option<WorkloadSeen>,
-    /// When a removal waits only on them: the voters (by ID) that answered with a leader.
-    /// `None` when they were not asked.
-    pub voters_answering: Option<BTreeSet<u64>>,
-}
 
 /// The member to remove.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,6 +278,8 @@ impl Planner for ScaleIn {
 mod tests {
     use super::*;
     use crate::facts::{MemberInfo, MemberStatus};
+    use std::collections::BTreeSet;
+    use tokio::time::Instant;
 
     const MAX_AGE: Duration = Duration::from_secs(30);
 

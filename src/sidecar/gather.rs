@@ -1,5 +1,5 @@
-//! One observation per tick: everything the health verdict and the planners read, gathered
-//! here and nowhere else (the local member, the leader, the learners, the member list, the
+//! One observation per tick (its data is [`super::plan::observation`]): everything the
+//! health verdict and the planners read, gathered here and nowhere else (the local member, the leader, the learners, the member list, the
 //! init journal, the time). Calls to the local member are bounded, so a busy etcd costs a
 //! round, never the loop.
 
@@ -11,9 +11,8 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::conn::Connections;
-use super::health::{LocalObservation, PeerApi};
-use super::plan::backup::RoundEnd;
-use super::plan::Outcome;
+/// The plain data this module gathers, where the planners read it.
+pub use super::plan::observation::{JournalView, LocalObservation, Observation, PeerApi};
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, MemberInfo, MemberStatus};
@@ -25,106 +24,6 @@ use crate::volume::journal;
 /// the loop moves on rather than stall.
 pub const LOCAL_TIMEOUT: Duration = Duration::from_millis(500);
 const PEER_API_TIMEOUT: Duration = Duration::from_millis(800);
-
-/// What one tick saw. Plain data: the planners read it and nothing else.
-#[derive(Debug, Clone)]
-pub struct Observation {
-    /// When the observation was taken (the planners' clock for waits and ages).
-    pub now: Instant,
-    /// The same moment in unix seconds: what every sidecar shares, so `--defrag-schedule`'s
-    /// periods line up across the cluster.
-    pub unix: u64,
-    /// The local member, as the health verdict reads it.
-    pub local: LocalObservation,
-    /// The member list: the local member's, or for a learner (which may be refused it, or
-    /// hold a stale one) a voter's.
-    pub members: Option<Vec<MemberInfo>>,
-    /// This pod's peer URL, by which it finds itself in a member list (a member that has
-    /// not started yet has no name).
-    pub own_peer_url: String,
-    /// When this member leads: every learner, with its raft index if it answered.
-    pub learners: Vec<(u64, Option<u64>)>,
-    /// When the local etcd runs but serves no client yet after `init` started it as a
-    /// joining member: the member list as a voter has it, and that voter's client URL.
-    pub joining: Option<(String, Vec<MemberInfo>)>,
-    /// When the local member is a voter that sees no leader and its own member list names
-    /// it at another peer URL: the member list as a peer has it, and that peer's client URL. A member whose entry still names an old peer URL
-    /// (peer TLS switched on while the leader was away) hears from no leader until the
-    /// entry is updated, which only the others can do.
-    pub cluster_members: Option<(String, Vec<MemberInfo>)>,
-    /// What `init` decided, from its journal on the volume.
-    pub journal: JournalView,
-    /// What the previous tick's steps came to, every planner's (filled in by the loop).
-    pub previous: Vec<Outcome>,
-    /// The backup rounds that ended since the last tick (filled in by the loop).
-    pub backup_rounds: Vec<RoundEnd>,
-    /// The other voters' status, asked only when the defragmentation planner needs them
-    /// (filled in by the loop, see [`peer_statuses`]).
-    pub peers: Vec<MemberStatus>,
-    /// With `--scale-in`: the Kubernetes API's view and the voters' answers (filled in by
-    /// the loop).
-    pub scale_in: super::plan::scale_in::ScaleInSeen,
-}
-
-impl Observation {
-    /// A member that answers with `status` and serves reads, seen at `now`, and nothing else
-    /// seen yet (no member list, no learners, nothing from init's journal): where a planner's
-    /// scenario starts, setting the fields it is about.
-    pub fn serving(now: Instant, status: MemberStatus) -> Observation {
-        Observation {
-            now,
-            unix: 0,
-            local: LocalObservation {
-                serializable: Ok(()),
-                peer_api: None,
-                status: Ok(status),
-                linearizable: Some(Ok(())),
-                leader_index: None,
-            },
-            members: None,
-            own_peer_url: String::new(),
-            learners: Vec::new(),
-            joining: None,
-            cluster_members: None,
-            journal: JournalView::default(),
-            previous: Vec::new(),
-            backup_rounds: Vec::new(),
-            peers: Vec::new(),
-            scale_in: Default::default(),
-        }
-    }
-
-    /// The cluster's word for this member, when this tick has it: the local member is a
-    /// voter that sees a leader and served a quorum read, and its member list holds it at
-    /// this pod's peer URL. `now` is the unix time to stamp it with.
-    pub fn vouch(&self, now: u64) -> Option<crate::facts::Vouch> {
-        let status = self.local.status.as_ref().ok()?;
-        let served = matches!(self.local.linearizable, Some(Ok(())));
-        if status.is_learner || status.leader == 0 || !served {
-            return None;
-        }
-        let listed = self.members.as_deref()?.iter().any(|m| {
-            m.id == status.member_id && !m.is_learner && m.peer_urls.contains(&self.own_peer_url)
-        });
-        listed.then(|| crate::facts::Vouch {
-            member_id: status.member_id,
-            cluster_id: status.cluster_id,
-            peer_url: self.own_peer_url.clone(),
-            ts: now,
-        })
-    }
-}
-
-/// The init journal (`member/steward/decisions.jsonl`) as last read.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct JournalView {
-    /// The action of the last decision.
-    pub last: Option<ActionKind>,
-    /// When (unix seconds) init last acted: a waiting note older than this is stale.
-    pub last_ts: Option<u64>,
-    /// How many times each action was taken.
-    pub counts: BTreeMap<ActionKind, u64>,
-}
 
 /// Asks whether the local etcd's peer API answers, for when its client API does not.
 pub trait PeerProbe: Send + Sync {
@@ -307,6 +206,7 @@ pub async fn observe<D: Dns, C: Connector>(
         backup_rounds: Vec::new(),
         peers: Vec::new(),
         scale_in: Default::default(),
+        recovery_looks: Vec::new(),
     }
 }
 

@@ -1,7 +1,7 @@
-//! Scale-in's I/O: a task that, while this pod's member leads, asks the Kubernetes API every
+//! Scale-in's executor (its I/O): a task that, while this pod's member leads, asks the Kubernetes API every
 //! `--scale-in-interval` and publishes its answer (the main tick never waits on the API),
 //! and the voters' probe the loop runs only when a removal waits on nothing else. The rule
-//! is [`super::plan::scale_in`].
+//! is [`crate::sidecar::plan::scale_in`].
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -9,12 +9,51 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::Connections;
-use super::plan::scale_in::WorkloadSeen;
 use crate::dns::Dns;
 use crate::etcd::{Connector, MemberInfo};
 use crate::facts::MemberStatus;
 use crate::kube_api::{workload_state, Workload};
+use crate::sidecar::conn::Connections;
+use crate::sidecar::plan::observation::{Observation, WorkloadSeen, WorkloadState};
+use crate::sidecar::plan::scale_in::voters_to_ask;
+
+/// The sidecar's share of scale-in: what the loop feeds the planner and tells the API's
+/// watcher.
+pub struct ScaleInDuty {
+    /// The API's last answer, as [`watch_workload`] publishes it.
+    pub answers: watch::Receiver<Option<WorkloadSeen>>,
+    /// Whether this pod's member leads, as the last observation saw: the watcher asks the
+    /// API only while it does.
+    pub leading: watch::Sender<bool>,
+    pub identity: crate::identity::Identity,
+    /// `--replicas`, the initial size.
+    pub initial: u32,
+    /// `--scale-in-interval`.
+    pub interval: Duration,
+}
+
+impl ScaleInDuty {
+    /// Tells the watcher whether this member leads, and adds to `seen` the API's last
+    /// answer and, when a removal waits only on them, the voters' answers.
+    pub async fn gather<D: Dns, C: Connector>(
+        &self,
+        conn: &mut Connections<D, C>,
+        seen: &mut Observation,
+    ) {
+        let leads = matches!(&seen.local.status, Ok(s) if s.leader != 0 && s.leader == s.member_id && !s.is_learner);
+        self.leading.send_if_modified(|held| {
+            let changed = *held != leads;
+            *held = leads;
+            changed
+        });
+        seen.scale_in.workload = self.answers.borrow().clone();
+        let ask = voters_to_ask(&self.identity, self.initial, self.interval, seen);
+        if let (Some(ids), Some(members)) = (ask, seen.members.clone()) {
+            seen.scale_in.voters_answering =
+                Some(answering_voters(conn, &members, &ids, &seen.peers).await);
+        }
+    }
+}
 
 /// While `leading` is true, asks the API every `interval` (at once when leadership
 /// arrives) until `stop`, and publishes each answer. Only the leader removes members, so a
@@ -48,7 +87,11 @@ pub async fn watch_workload<W: Workload>(
             continue;
         }
         match answer {
-            Ok(state) => {
+            Ok(answer) => {
+                let state = WorkloadState {
+                    replicas: answer.replicas,
+                    pods: answer.pods,
+                };
                 if failing {
                     tracing::info!("scale-in: the Kubernetes API answers again");
                     failing = false;
@@ -92,7 +135,7 @@ pub async fn answering_voters<D: Dns, C: Connector>(
             .filter(|m| ids.contains(&m.id))
             .cloned()
             .collect();
-        fresh = crate::sidecar::observe::peer_statuses(conn, 0, Some(&asked)).await;
+        fresh = crate::sidecar::gather::peer_statuses(conn, 0, Some(&asked)).await;
         &fresh
     } else {
         known

@@ -1,21 +1,78 @@
 //! The one executor: performs the planners' steps against etcd and says what came of each.
-//! It decides nothing; it logs each outcome once, here.
+//! It decides nothing; it logs each outcome once, here. A job whose I/O outlives a step has
+//! its own file here ([`Jobs`]): [`backup`] (rounds in the background), [`scale_in`] (the
+//! Kubernetes API's watcher, the voters' probe), [`defrag`] (under the lock key); each
+//! also adds to the observation what its planner reads ([`Jobs::gather`]).
 
-use super::backup_round::BackupRounds;
+pub mod backup;
+pub mod defrag;
+pub mod scale_in;
+
+use tokio::sync::watch;
+
 use super::conn::Connections;
-use super::plan::{Outcome, Step};
+use super::health::{Check, Health};
+use super::plan::{Observation, Outcome, Step};
+use super::recovery::AutoRecoverDuty;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
+use backup::BackupRounds;
+use defrag::defragment;
+use scale_in::ScaleInDuty;
 
-/// Performs `step`. A backup round is only started here (`backups`); it ends in its own
-/// task and reports through a later observation.
+/// The jobs whose I/O lives beside the loop: what each started runs in its own task and
+/// comes back through a later observation.
+#[derive(Default)]
+pub struct Jobs {
+    /// Backup rounds running in the background, with `--backup-url`.
+    pub backups: Option<BackupRounds>,
+    /// With `--scale-in`: the API's watcher and the voters' probe.
+    pub scale_in: Option<ScaleInDuty>,
+    /// With `--auto-recover-after`: the looks for a proof of loss, and the inbox.
+    pub auto_recover: Option<AutoRecoverDuty>,
+}
+
+impl Jobs {
+    /// Adds to this tick's observation what each job has for its planner: the backup rounds
+    /// that ended, the Kubernetes API's view and (when a removal waits only on them) the
+    /// voters' answers, the looks for a proof of loss.
+    pub async fn gather<D: Dns, C: Connector>(
+        &mut self,
+        conn: &mut Connections<D, C>,
+        seen: &mut Observation,
+    ) {
+        seen.backup_rounds = self
+            .backups
+            .as_mut()
+            .map(BackupRounds::ended)
+            .unwrap_or_default();
+        if let Some(duty) = &self.scale_in {
+            duty.gather(conn, seen).await;
+        }
+        if let Some(duty) = &mut self.auto_recover {
+            seen.recovery_looks = duty.looks();
+        }
+    }
+
+    /// What came of a step, for the jobs' own metrics.
+    pub fn record(&self, outcome: &Outcome) {
+        if let Some(rounds) = &self.backups {
+            rounds.record(outcome);
+        }
+    }
+}
+
+/// Performs `step`. A backup round is only started here (`jobs.backups`); it ends in its
+/// own task and reports through a later observation. While etcd defragments it serves
+/// nothing: `/ready` says so (`health`) before the step starts.
 pub async fn execute<D: Dns, C: Connector>(
     conn: &mut Connections<D, C>,
-    backups: Option<&BackupRounds>,
+    jobs: &Jobs,
+    health: &watch::Sender<Health>,
     step: Step,
 ) -> Outcome {
     let result = match &step {
-        Step::BackupRound => match backups {
+        Step::BackupRound => match &jobs.backups {
             Some(rounds) => {
                 rounds.start();
                 Ok(())
@@ -23,6 +80,16 @@ pub async fn execute<D: Dns, C: Connector>(
             None => Err(EtcdError::Other {
                 endpoint: String::new(),
                 detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
+        Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
+            Some(duty) => {
+                duty.offer(id, survivor);
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no automatic recovery configured (--auto-recover-after)".into(),
             }),
         },
         Step::Promote { id, via, .. } => match conn.remote(via).await {
@@ -55,14 +122,19 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no connection".into(),
             }),
         },
-        Step::Defrag { lock, .. } => match conn.local().await {
-            Ok(local) => match defragment(local, *lock).await {
-                Ok(true) => Ok(()),
-                Ok(false) => return logged(Outcome::NotYet(step)),
+        Step::Defrag { why, lock } => {
+            // etcd serves nothing while it defragments: not ready meanwhile.
+            let reason = format!("defragmenting: {why}");
+            health.send_modify(|h| h.ready = Check { ok: false, reason });
+            match conn.local().await {
+                Ok(local) => match defragment(local, *lock).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => return logged(Outcome::NotYet(step)),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        },
+            }
+        }
         Step::DisarmNospace => match conn.local().await {
             Ok(local) => local.disarm_nospace().await.map(|n| {
                 if n > 0 {
@@ -86,36 +158,6 @@ pub async fn execute<D: Dns, C: Connector>(
 fn logged(outcome: Outcome) -> Outcome {
     log(&outcome);
     outcome
-}
-
-/// Defragments the local member, under the lock key when `lock`; `Ok(false)` when another
-/// sidecar holds the lock.
-async fn defragment<E: Etcd>(local: &E, lock: bool) -> Result<bool, EtcdError> {
-    use super::plan::defrag::{LOCK_KEY, LOCK_TTL_SECS};
-    let lease = match lock {
-        true => match local
-            .try_lock(LOCK_KEY, local.endpoint(), LOCK_TTL_SECS)
-            .await?
-        {
-            Some(lease) => Some(lease),
-            None => return Ok(false),
-        },
-        false => None,
-    };
-    let started = tokio::time::Instant::now();
-    tracing::info!(locked = lock, "defragmentation started");
-    let result = local.defragment().await;
-    tracing::info!(
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        ok = result.is_ok(),
-        "defragmentation ended"
-    );
-    if let Some(lease) = lease {
-        if let Err(e) = local.unlock(lease).await {
-            tracing::warn!(error = %e, "could not release the defragmentation lock; its lease expires on its own");
-        }
-    }
-    result.map(|()| true)
 }
 
 fn log(outcome: &Outcome) {
@@ -162,6 +204,10 @@ fn log(outcome: &Outcome) {
             tracing::warn!(why = %why, %error, "defragmentation failed; retrying after a pause");
         }
         Outcome::Done(Step::DisarmNospace) => {}
+        Outcome::Done(Step::OfferRecovery { .. }) => {}
+        Outcome::Failed(Step::OfferRecovery { id, .. }, error) => {
+            tracing::warn!(recovery = %id, %error, "auto-recover: the request was not handed over");
+        }
         Outcome::Failed(Step::DisarmNospace, error) => {
             tracing::warn!(%error, "could not disarm NOSPACE; retrying");
         }
@@ -171,67 +217,16 @@ fn log(outcome: &Outcome) {
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
-            | Step::RemoveMember { .. },
+            | Step::RemoveMember { .. }
+            | Step::OfferRecovery { .. },
         )
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
             | Step::BackupRound
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
-            | Step::RemoveMember { .. },
+            | Step::RemoveMember { .. }
+            | Step::OfferRecovery { .. },
         ) => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::etcd::Connector;
-    use crate::fake::{FakeCluster, Op};
-
-    /// Two followers whose sidecars decide to defragment at the same moment: one takes the
-    /// lock and defragments, the other finds it held and does nothing (waits its turn).
-    #[tokio::test]
-    async fn two_members_defragmenting_at_once_take_turns_by_the_lock() {
-        let cluster = FakeCluster::new(0xc1);
-        for (id, o) in [(0xa0, 0), (0xa1, 1), (0xa2, 2)] {
-            let host = format!("etcd-{o}");
-            cluster.add_member(
-                id,
-                &host,
-                &format!("http://{host}:2380"),
-                &format!("http://{host}:2379"),
-                false,
-            );
-        }
-        cluster.set_leader(0xa0);
-        let ip = std::net::IpAddr::from([127, 0, 0, 1]);
-        let mut members = Vec::new();
-        for o in [1, 2] {
-            let host = format!("etcd-{o}");
-            cluster.delay(
-                &format!("{host}:2379"),
-                Op::Defragment,
-                std::time::Duration::from_millis(200),
-            );
-            members.push(
-                cluster
-                    .connect(&host, ip, 2379)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
-        }
-        let (a, b) = tokio::join!(defragment(&members[0], true), defragment(&members[1], true));
-        let done: Vec<bool> = [a, b]
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
-            .collect();
-        assert_eq!(
-            done.iter().filter(|d| **d).count(),
-            1,
-            "exactly one defragmented, the other found the lock held: {done:?}"
-        );
-        assert_eq!(cluster.calls_of(Op::Defragment).len(), 1);
-        assert!(cluster.locks().is_empty(), "the lock is released after");
     }
 }
