@@ -204,8 +204,8 @@ impl ApiWorkload {
         }
         let mut config = self.config.clone();
         config.auth_info.token = token.clone().map(Into::into);
-        // kube's rustls set-up takes the process's provider: the agent's is ring.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // It takes the process's crypto provider (reqwest/kube bring none of their own).
+        crate::tls::install_default_provider();
         let client = kube::Client::try_from(config)
             .map_err(|e| KubeError::Setup(format!("client for {}: {e}", self.access.url)))?;
         *held = Some((token, client.clone()));

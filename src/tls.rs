@@ -201,8 +201,16 @@ fn parse_certs(
     Ok(certs)
 }
 
+/// The agent's one crypto provider, ring: every TLS config built here names it.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Makes the same provider the process default, for the clients that take the default
+/// rather than a config built here (kube's, and object_store's reqwest). Idempotent: a
+/// provider already installed stays.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn expiry(file: &Path, certs: &[CertificateDer<'_>]) -> Option<CertExpiry> {

@@ -138,9 +138,8 @@ impl Store {
             detail,
         };
         check_url(url).map_err(bad)?;
-        // object_store's HTTP client (reqwest, rustls without a provider of its own) takes
-        // the process's crypto provider: the agent's is ring, as in kube_api.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // It takes the process's crypto provider (reqwest/kube bring none of their own).
+        crate::tls::install_default_provider();
         let (scheme, rest) = url.split_once("://").unwrap_or_default();
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let inner: Arc<dyn ObjectStore> = match scheme {
