@@ -11,11 +11,6 @@ use crate::facts::{EtcdVersion, Facts, VersionFacts};
 
 use super::types::{Action, Decision, Hold, Why, SAFE_FOR_3_6};
 
-/// Parses `3.5.30` (or the first line of `etcd --version`); see [`EtcdVersion::parse`].
-pub fn parse_version(text: &str) -> Option<EtcdVersion> {
-    EtcdVersion::parse(text)
-}
-
 /// Why the binary must wait, if a peer's answer says so.
 pub fn hold(v: &VersionFacts) -> Option<Hold> {
     let binary = v.binary?;
@@ -93,7 +88,7 @@ mod tests {
     use crate::facts::PeerVersion;
 
     fn v(text: &str) -> EtcdVersion {
-        parse_version(text).unwrap_or_else(|| panic!("{text}"))
+        EtcdVersion::parse(text).unwrap_or_else(|| panic!("{text}"))
     }
 
     fn peers(binary: &str, peers: &[(&str, Option<&str>)]) -> VersionFacts {
@@ -139,8 +134,8 @@ mod tests {
                 patch: 0
             }
         );
-        assert_eq!(parse_version("not_decided"), None);
-        assert_eq!(parse_version(""), None);
+        assert_eq!(EtcdVersion::parse("not_decided"), None);
+        assert_eq!(EtcdVersion::parse(""), None);
     }
 
     #[test]
