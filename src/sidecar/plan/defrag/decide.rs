@@ -165,21 +165,7 @@ pub fn decide(policy: &DefragPolicy, i: &Input) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Threshold;
-
-    const MIB: u64 = 1 << 20;
-    const LEADER: u64 = 3;
-
-    fn policy() -> DefragPolicy {
-        DefragPolicy {
-            threshold: Some(Threshold {
-                free_percent: 50,
-                free_bytes: 100 * MIB,
-            }),
-            schedule: None,
-            quota: 2048 * MIB,
-        }
-    }
+    use crate::sidecar::plan::defrag::fixtures::{policy, LEADER, MIB};
 
     /// Three members, 1 and 2 followers, 3 the leader; each (db_size, in_use) in MiB.
     fn input(me: u64, sizes: [Option<(u64, u64)>; 3]) -> Input {

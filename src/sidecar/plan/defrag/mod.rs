@@ -40,3 +40,24 @@ pub const NOSPACE_COOL_DOWN: Duration = Duration::from_secs(5);
 pub const NOSPACE_MARGIN_PERCENT: u64 = 80;
 /// Under NOSPACE a member is worth defragmenting when at least this much of its file is free.
 pub(crate) const NOSPACE_MIN_FREE: u64 = 1 << 20;
+
+/// What the decision's and the planner's tests share: a policy (50% or 100 MiB free
+/// defragments, a 2 GiB quota) and a three-member cluster whose leader is member 3.
+#[cfg(test)]
+mod fixtures {
+    use crate::policy::{DefragPolicy, Threshold};
+
+    pub const MIB: u64 = 1 << 20;
+    pub const LEADER: u64 = 3;
+
+    pub fn policy() -> DefragPolicy {
+        DefragPolicy {
+            threshold: Some(Threshold {
+                free_percent: 50,
+                free_bytes: 100 * MIB,
+            }),
+            schedule: None,
+            quota: 2048 * MIB,
+        }
+    }
+}

@@ -283,22 +283,8 @@ impl Planner for Defrag {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Threshold;
+    use crate::sidecar::plan::defrag::fixtures::{policy, LEADER, MIB};
     use crate::sidecar::plan::defrag::DefragWhy;
-
-    const MIB: u64 = 1 << 20;
-    const LEADER: u64 = 3;
-
-    fn policy() -> DefragPolicy {
-        DefragPolicy {
-            threshold: Some(Threshold {
-                free_percent: 50,
-                free_bytes: 100 * MIB,
-            }),
-            schedule: None,
-            quota: 2048 * MIB,
-        }
-    }
 
     #[tokio::test(start_paused = true)]
     async fn without_a_member_list_the_other_members_are_unknown_and_nothing_is_decided() {
