@@ -123,6 +123,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
         }
         Command::Sidecar(args) => {
             let cfg = tool_checked(args.common.validate()?)?;
+            etcd_steward::config::check_restore_jump(&cfg)?;
             with_cluster(cfg, |cfg, dns, connector| async move {
                 let (tx, rx) = tokio::sync::watch::channel(false);
                 tokio::spawn(stop_on_sigterm(tx));
@@ -195,6 +196,7 @@ fn run(command: Command) -> anyhow::Result<Exit> {
 fn init_command(mut cfg: InitConfig) -> anyhow::Result<Exit> {
     if !cfg.dry_run {
         cfg.config = tool_checked(cfg.config)?;
+        etcd_steward::config::check_restore_jump(&cfg.config)?;
     }
     let rt = runtime()?;
     let dns = HickoryDns::new(cfg.config.dns_server)?;

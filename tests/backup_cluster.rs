@@ -41,6 +41,8 @@ fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
         format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!("--backup-scratch-dir={}", scratch.display()),
     ]);
+    set.extra_args
+        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
     set.start_sidecar(o).unwrap();
     set.extra_args = common;
     set.start_init(o).unwrap();

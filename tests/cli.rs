@@ -200,6 +200,73 @@ fn init_and_sidecar_with_backups_but_no_restore_tool_anywhere_exit_64_naming_etc
     }
 }
 
+/// A tool that runs but whose `snapshot restore` has no `--bump-revision` (etcd 3.4's
+/// etcdctl, etcdutl before 3.5.?): a restore with it would take the revision backwards.
+fn tool_without_jump(dir: &std::path::Path) -> std::path::PathBuf {
+    let tool = dir.join("etcdutl");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\ncase \"$1\" in\n  version) echo 'etcdutl version: 3.5.1' ;;\n  snapshot) echo '  --data-dir string  Path to the data directory' ;;\nesac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    tool
+}
+
+#[test]
+fn a_restore_tool_that_cannot_jump_the_revision_is_refused_at_start_unless_the_jump_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = tool_without_jump(dir.path());
+    let etcd = dir.path().join("etcd");
+    std::fs::write(&etcd, "#!/bin/sh\nsleep 600\n").unwrap();
+    std::fs::set_permissions(&etcd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let args = |extra: &[&str]| -> Output {
+        Command::new("/usr/bin/timeout")
+            .args(["5", env!("CARGO_BIN_EXE_etcd-steward")])
+            .args([
+                "sidecar",
+                "--name=etcd-0",
+                "--replicas=1",
+                "--http-port=18932",
+            ])
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--etcd-bin={}", etcd.display()))
+            .arg(format!("--etcdutl-bin={}", tool.display()))
+            .arg(format!(
+                "--backup-url=file://{}",
+                dir.path().join("store").display()
+            ))
+            .args(extra)
+            .env_remove("HOSTNAME")
+            .env_remove("POD_NAME")
+            .env("ETCD_STEWARD_LOG", "off")
+            .output()
+            .unwrap()
+    };
+    let out = args(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    for needle in [
+        "cannot move a restore's revision forward",
+        "etcdutl version: 3.5.1",
+        "--restore-bump-revision 0",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} in {stderr}");
+    }
+    // `--restore never` does not turn off an operator's restore: still refused.
+    let out = args(&["--restore", "never"]);
+    assert_eq!(out.status.code(), Some(64));
+    // Turning the jump off is accepted: the agent starts (and is stopped by `timeout`,
+    // 124), it is not refused.
+    let out = args(&["--restore-bump-revision", "0"]);
+    assert_ne!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn unreadable_tls_files_are_configuration_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();

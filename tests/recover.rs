@@ -417,6 +417,8 @@ async fn restore_snapshot_takes_a_live_cluster_back_setting_every_volume_aside(e
         // Not restored when volumes are lost: only at the operator's request.
         "--restore=never".into(),
     ];
+    set.extra_args
+        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
     set.start_all(FORM).await.unwrap();
     set.put_keys("k", 60).await.unwrap();
     let out = set.steward(0, &["backup"]).await;

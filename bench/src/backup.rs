@@ -145,13 +145,16 @@ impl Store {
 
 /// The options every `etcd-steward` command of the scenario gets to reach the store.
 fn backup_args(tools: &Tools, store: &Store, scratch: &Path) -> Vec<String> {
-    vec![
+    let mut args = vec![
         format!("--backup-url={}", store.url()),
         format!("--etcdutl-bin={}", tools.etcdutl.display()),
         format!("--backup-scratch-dir={}", scratch.display()),
         // Periodic snapshots stay out of the measurement.
         "--backup-interval=1h".into(),
-    ]
+    ];
+    // A tool that cannot move the revision forward is refused unless the jump is off.
+    args.extend(harness::etcd::jump_args(&tools.etcdutl));
+    args
 }
 
 /// `etcd-steward backup [more]` through the source member (`--etcd-bin`: the drill's

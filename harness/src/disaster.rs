@@ -327,18 +327,15 @@ fn held_at(writes: &WriterReport, acked: u64, revision: i64) -> u64 {
 /// Whether `steward`'s `init` has [`BUMP_OPTION`] (its `--help` lists it) and the offline
 /// tool `tool` can make the jump.
 pub fn restore_bumps_revision(steward: &Path, tool: &Path) -> bool {
-    let lists = |bin: &Path, args: &[&str], what: &str| {
-        std::process::Command::new(bin)
-            .args(args)
-            .env("ETCDCTL_API", "3")
-            .output()
-            .is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout).contains(what)
-                    || String::from_utf8_lossy(&o.stderr).contains(what)
-            })
-    };
-    lists(steward, &["init", "--help"], BUMP_OPTION)
-        && lists(tool, &["snapshot", "restore", "--help"], "--bump-revision")
+    steward_has_bump_option(steward) && crate::etcd::tool_can_jump(tool)
+}
+
+/// Whether `steward`'s `init --help` lists [`BUMP_OPTION`].
+fn steward_has_bump_option(steward: &Path) -> bool {
+    std::process::Command::new(steward)
+        .args(["init", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(BUMP_OPTION))
 }
 
 /// The release's offline tool beside its etcd: etcdutl (3.5), else etcdctl (3.4).
@@ -365,6 +362,11 @@ pub fn options(set: &Set, disaster: &Disaster) -> Vec<String> {
         "--backup-interval=1h".into(),
         "--restore=latest".into(),
     ];
+    // An agent that has the option refuses a tool that cannot jump unless it is off (one
+    // that predates the option has neither).
+    if steward_has_bump_option(set.steward_bin()) {
+        args.extend(crate::etcd::jump_args(&tool));
+    }
     if *disaster == Disaster::WrongKeyThenRight {
         args.push(key_option(&keys(set).right));
     }

@@ -121,3 +121,28 @@ macro_rules! per_etcd_version {
         }
     };
 }
+
+/// Whether `tool`'s `snapshot restore` can move the revision forward (`--bump-revision`):
+/// only a recent etcdutl 3.5 (here 3.5.30's).
+pub fn tool_can_jump(tool: &std::path::Path) -> bool {
+    std::process::Command::new(tool)
+        .args(["snapshot", "restore", "--help"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout).contains("--bump-revision")
+                || String::from_utf8_lossy(&o.stderr).contains("--bump-revision")
+        })
+}
+
+/// What a pod restoring with `tool` needs besides `--etcdutl-bin`: with a tool that cannot
+/// move the revision forward (etcd 3.4's etcdctl, etcdutl 3.5.1), `init` and the sidecar
+/// refuse to start unless the jump is turned off, so these scenarios say so
+/// (`--restore-bump-revision=0`); with one that can, nothing.
+pub fn jump_args(tool: &std::path::Path) -> Vec<String> {
+    if tool_can_jump(tool) {
+        Vec::new()
+    } else {
+        vec!["--restore-bump-revision=0".into()]
+    }
+}

@@ -85,7 +85,7 @@ impl Key {
         Ok(Key::from_identity(identity))
     }
 
-    fn from_identity(identity: age::x25519::Identity) -> Key {
+    pub(crate) fn from_identity(identity: age::x25519::Identity) -> Key {
         let fingerprint = fingerprint(&identity.to_public());
         Key {
             identity,
@@ -201,11 +201,56 @@ pub fn decrypt_file(
     cipher: &Path,
     plain: &Path,
 ) -> Result<(), CryptError> {
+    let local = |e: std::io::Error| CryptError::Local {
+        name: name.into(),
+        detail: e.to_string(),
+    };
     if keys.is_empty() {
-        return Err(CryptError::Missing {
-            name: name.into(),
-            fingerprint: fingerprint.into(),
-        });
+        return Err(missing(name, fingerprint));
+    }
+    let input = std::io::BufReader::new(std::fs::File::open(cipher).map_err(local)?);
+    let mut out = std::fs::File::create(plain).map_err(local)?;
+    decrypt(name, fingerprint, keys, input, &mut out)?;
+    out.sync_all().map_err(local)
+}
+
+/// Encrypts a small object (an archive segment) in memory to `key`.
+pub fn encrypt_bytes(key: &Key, plain: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut e = Encrypting::new(key)?;
+    let mut out = e.update(plain)?;
+    out.extend(e.finish()?);
+    Ok(out)
+}
+
+/// Decrypts a small object (an archive segment) in memory, as [`decrypt_file`] does a file.
+pub fn decrypt_bytes(
+    name: &str,
+    fingerprint: &str,
+    keys: &Keys,
+    cipher: &[u8],
+) -> Result<Vec<u8>, CryptError> {
+    let mut out = Vec::with_capacity(cipher.len());
+    decrypt(name, fingerprint, keys, cipher, &mut out)?;
+    Ok(out)
+}
+
+fn missing(name: &str, fingerprint: &str) -> CryptError {
+    CryptError::Missing {
+        name: name.into(),
+        fingerprint: fingerprint.into(),
+    }
+}
+
+/// The decryption itself: `input` (age) → `out` (plaintext), authenticated chunk by chunk.
+fn decrypt(
+    name: &str,
+    fingerprint: &str,
+    keys: &Keys,
+    input: impl std::io::BufRead,
+    out: &mut impl Write,
+) -> Result<(), CryptError> {
+    if keys.is_empty() {
+        return Err(missing(name, fingerprint));
     }
     let corrupt = |detail: String| CryptError::Corrupt {
         name: name.into(),
@@ -216,7 +261,6 @@ pub fn decrypt_file(
         name: name.into(),
         detail: e.to_string(),
     };
-    let input = std::io::BufReader::new(std::fs::File::open(cipher).map_err(local)?);
     let decryptor = age::Decryptor::new_buffered(input).map_err(|e| match e {
         age::DecryptError::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => local(e),
         e => corrupt(e.to_string()),
@@ -236,7 +280,6 @@ pub fn decrypt_file(
         }
         Err(e) => return Err(corrupt(e.to_string())),
     };
-    let mut out = std::fs::File::create(plain).map_err(local)?;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // A tampered chunk fails its authentication tag here (InvalidData); any other
@@ -252,7 +295,6 @@ pub fn decrypt_file(
         }
         out.write_all(&buf[..n]).map_err(local)?;
     }
-    out.sync_all().map_err(local)?;
     Ok(())
 }
 
@@ -287,6 +329,28 @@ mod tests {
 
     fn plain() -> Vec<u8> {
         (0..300_000u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_small_object_encrypted_in_memory_decrypts_only_with_its_key() {
+        let k = key();
+        let cipher = encrypt_bytes(&k, b"segment bytes").unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(cipher.as_slice(), b"segment bytes");
+        let right = Keys {
+            write: Some(k),
+            read: vec![],
+        };
+        let back =
+            decrypt_bytes("seg", "sha256:x", &right, &cipher).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, b"segment bytes");
+        let wrong = Keys {
+            write: Some(key()),
+            read: vec![],
+        };
+        assert!(matches!(
+            decrypt_bytes("seg", "sha256:x", &wrong, &cipher),
+            Err(CryptError::NoKey { .. })
+        ));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! move into place), [`drill`] (restore the newest into scratch and compare with the live
 //! cluster), [`schedule`] (pure: take one now? drill now? and the metric values).
 
+pub mod archive;
 pub mod catalog;
 pub mod crypt;
 pub mod drill;

@@ -152,3 +152,34 @@ pub async fn check_restore_tool(cfg: &mut Config) -> Result<(), ConfigError> {
         }
     }
 }
+
+/// For the roles that restore (`init`, and the sidecar that validates restore requests and
+/// drills with the same tool): refuses a checked tool that would take a restore's revision
+/// backwards ([`jump_refused`]). `backup --drill` restores nothing a client sees and is not
+/// refused.
+pub fn check_restore_jump(cfg: &Config) -> Result<(), ConfigError> {
+    match cfg.backup.as_ref().and_then(|b| jump_refused(&b.tool)) {
+        Some(problem) => Err(ConfigError {
+            problems: vec![problem],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Why a checked tool cannot be used for restores, when it cannot: a revision jump is
+/// asked for (`--restore-bump-revision` is not 0) and the tool's `snapshot restore` has no
+/// `--bump-revision`. A restore with it (when every volume is lost, or an operator's
+/// `restore`, which `--restore never` does not turn off) would take the revision
+/// backwards, which Kubernetes' watch caches cannot survive, so it is refused at start
+/// rather than found out during a disaster.
+pub fn jump_refused(tool: &crate::backup::EtcdTool) -> Option<String> {
+    use crate::backup::tool::{Jump, JUMP_NEEDS};
+    if tool.jump() != Jump::Unsupported {
+        return None;
+    }
+    Some(format!(
+        "--etcdutl-bin: {} ({}) cannot move a restore's revision forward (its snapshot restore has no --bump-revision/--mark-compacted), so a restore would take the cluster's revision backwards and clients that saw a later revision would see it again with other data; give {JUMP_NEEDS} with --etcdutl-bin, or accept the revision going back with --restore-bump-revision 0 (then restart every API server after a restore)",
+        tool.bin.display(),
+        tool.version.as_deref().unwrap_or("version unknown"),
+    ))
+}

@@ -358,3 +358,19 @@ fn defrag_options_default_on_and_bad_ones_name_their_constraint() {
     );
     assert!(text.contains("--quota-backend-bytes"), "{text}");
 }
+
+#[test]
+fn a_tool_that_cannot_jump_the_revision_is_refused_unless_the_jump_is_off() {
+    use crate::backup::EtcdTool;
+    let mut tool = EtcdTool::from_bin("/usr/bin/etcdctl");
+    tool.bump_revision = 1_000_000_000;
+    tool.can_bump = false;
+    let problem = jump_refused(&tool).unwrap_or_default();
+    assert!(problem.contains("/usr/bin/etcdctl"), "{problem}");
+    assert!(problem.contains("--restore-bump-revision 0"), "{problem}");
+    tool.bump_revision = 0;
+    assert_eq!(jump_refused(&tool), None);
+    tool.bump_revision = 5;
+    tool.can_bump = true;
+    assert_eq!(jump_refused(&tool), None);
+}

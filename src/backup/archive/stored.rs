@@ -1,0 +1,316 @@
+//! Segments in the store: write one (compressed, encrypted with the write key when there
+//! is one, its manifest last), list the manifests, read one back verified (SHA-256 of the
+//! stored object, then decryption, decompression and decoding).
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::segment::{DecodeError, Segment, ZSTD_LEVEL};
+use super::{parse_object, rfc3339_ms, segment_name, SegmentManifest, DIR};
+use crate::backup::crypt::{self, CryptError};
+use crate::backup::manifest::Encryption;
+use crate::backup::snapshot::hex;
+use crate::backup::store::{Store, StoreError};
+
+/// A segment never decompresses to more than its manifest's `plain_size`, nor this: a
+/// bound against a corrupted size in a manifest.
+const PLAIN_LIMIT: usize = 1 << 30;
+
+#[derive(Debug, Error)]
+pub enum SegmentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("archive segment {name} fails its checksum: the stored object ({size} bytes, SHA-256 {sha256}) differs from its manifest")]
+    Checksum {
+        name: String,
+        size: u64,
+        sha256: String,
+    },
+    #[error("archive segment {name}: {source}")]
+    Decrypt {
+        name: String,
+        #[source]
+        source: CryptError,
+    },
+    #[error("archive segment {name} cannot be read: {source}")]
+    Decode {
+        name: String,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("archive segment {name} holds no revision: nothing to store")]
+    Empty { name: String },
+    #[error("cannot encrypt archive segment {name}: {detail}")]
+    Encrypt { name: String, detail: String },
+}
+
+impl SegmentError {
+    /// Whether the segment itself is bad (its bytes, or no key opens it), as opposed to a
+    /// store that could not be reached: a replay ends before a bad segment.
+    pub fn is_bad_segment(&self) -> bool {
+        !matches!(self, SegmentError::Store(_))
+    }
+}
+
+/// Stores `segment` of cluster `cluster_id`: the object first, its manifest last (a
+/// segment without a manifest is an incomplete upload, never read).
+pub async fn put(
+    store: &Store,
+    cluster_id: u64,
+    segment: &Segment,
+) -> Result<SegmentManifest, SegmentError> {
+    let (Some(first), Some(last)) = (segment.revisions.first(), segment.revisions.last()) else {
+        return Err(SegmentError::Empty {
+            name: "(empty)".into(),
+        });
+    };
+    let name = segment_name(first.revision, last.revision);
+    let plain = segment.encode();
+    let plain_size = plain.len() as u64;
+    let compressed =
+        zstd::bulk::compress(&plain, ZSTD_LEVEL).map_err(|e| SegmentError::Encrypt {
+            name: name.clone(),
+            detail: format!("zstd: {e}"),
+        })?;
+    drop(plain);
+    let (stored, encryption) = match &store.keys().write {
+        Some(key) => (
+            crypt::encrypt_bytes(key, &compressed).map_err(|e| SegmentError::Encrypt {
+                name: name.clone(),
+                detail: e.to_string(),
+            })?,
+            Some(Encryption {
+                scheme: "age-x25519".into(),
+                key: key.fingerprint().to_string(),
+            }),
+        ),
+        None => (compressed, None),
+    };
+    let m = SegmentManifest {
+        cluster_id: format!("{cluster_id:x}"),
+        first_revision: first.revision,
+        last_revision: last.revision,
+        revisions: segment.revisions.len() as u64,
+        events: segment.events() as u64,
+        leases: segment.leases.len() as u64,
+        size: stored.len() as u64,
+        sha256: hex(&Sha256::digest(&stored)),
+        plain_size,
+        first_time: rfc3339_ms(first.time_unix_ms),
+        first_time_unix_ms: first.time_unix_ms,
+        last_time: rfc3339_ms(last.time_unix_ms),
+        last_time_unix_ms: last.time_unix_ms,
+        compression: "zstd".into(),
+        encryption,
+        name,
+    };
+    store.put(&m.seg_object(), stored).await?;
+    let json = serde_json::to_vec_pretty(&m).unwrap_or_default();
+    store.put(&m.json_object(), json).await?;
+    Ok(m)
+}
+
+/// Every readable segment manifest, in revision order. An unreadable one is logged and
+/// left out (its revisions are then a hole the chain reports).
+pub async fn list(store: &Store) -> Result<Vec<SegmentManifest>, StoreError> {
+    let entries = store.list(DIR).await?;
+    let mut names: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| parse_object(&e.name))
+        .filter(|(_, is_manifest)| *is_manifest)
+        .map(|(name, _)| name)
+        .collect();
+    names.sort_unstable();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let bytes = match store.get(&super::json_object(name)).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        match serde_json::from_slice::<SegmentManifest>(&bytes) {
+            Ok(m) => out.push(m),
+            Err(e) => {
+                tracing::warn!(name, error = %e, "unreadable archive segment manifest, ignored")
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads segment `m` back and proves it: the stored object's SHA-256 and size against the
+/// manifest, then decryption (with the store's keys), decompression and decoding, and its
+/// revisions against the manifest's.
+pub async fn get(store: &Store, m: &SegmentManifest) -> Result<Segment, SegmentError> {
+    let stored = store.get(&m.seg_object()).await?;
+    let sha256 = hex(&Sha256::digest(&stored));
+    if sha256 != m.sha256 || stored.len() as u64 != m.size {
+        return Err(SegmentError::Checksum {
+            name: m.name.clone(),
+            size: stored.len() as u64,
+            sha256,
+        });
+    }
+    let compressed =
+        match &m.encryption {
+            Some(enc) => crypt::decrypt_bytes(&m.name, &enc.key, store.keys(), &stored).map_err(
+                |source| SegmentError::Decrypt {
+                    name: m.name.clone(),
+                    source,
+                },
+            )?,
+            None => stored,
+        };
+    let limit = usize::try_from(m.plain_size)
+        .unwrap_or(PLAIN_LIMIT)
+        .min(PLAIN_LIMIT);
+    let decode = |source| SegmentError::Decode {
+        name: m.name.clone(),
+        source,
+    };
+    let segment = Segment::decompress(&compressed, limit).map_err(decode)?;
+    if segment.first_revision() != Some(m.first_revision)
+        || segment.last_revision() != Some(m.last_revision)
+    {
+        return Err(decode(DecodeError::Zstd(format!(
+            "holds revisions {:?}..{:?}, its manifest says {}..{}",
+            segment.first_revision(),
+            segment.last_revision(),
+            m.first_revision,
+            m.last_revision
+        ))));
+    }
+    Ok(segment)
+}
+
+/// Deletes segments wholly before `revision` (the oldest kept snapshot's): retention
+/// follows the snapshots. Manifests before their objects. Returns the objects deleted.
+pub async fn prune_before(store: &Store, revision: i64) -> Result<Vec<String>, StoreError> {
+    let mut deleted = Vec::new();
+    for m in list(store).await? {
+        if m.last_revision < revision {
+            for object in [m.json_object(), m.seg_object()] {
+                store.delete(&object).await?;
+                deleted.push(object);
+            }
+        }
+    }
+    // Objects without a manifest (an upload killed between the two writes), wholly before.
+    for e in store.list(DIR).await? {
+        if let Some((name, false)) = parse_object(&e.name) {
+            let last = name
+                .split_once('-')
+                .and_then(|(_, l)| l.parse::<i64>().ok());
+            let json = super::json_object(name);
+            if last.is_some_and(|l| l < revision) && !deleted.contains(&e.name) {
+                if let Err(StoreError::NotFound { .. }) = store.get(&json).await {
+                    store.delete(&e.name).await?;
+                    deleted.push(e.name.clone());
+                }
+            }
+        }
+    }
+    for object in &deleted {
+        tracing::info!(object = %object, store = %store.url(), "archive segment deleted by retention (older than the oldest kept snapshot)");
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::segment::{Op, Revision};
+    use super::*;
+    use crate::backup::crypt::{Key, Keys};
+
+    fn segment(first: i64, last: i64) -> Segment {
+        Segment {
+            revisions: (first..=last)
+                .map(|r| Revision {
+                    revision: r,
+                    time_unix_ms: 1_795_000_000_000 + u64::try_from(r).unwrap(),
+                    ops: vec![Op::Put {
+                        key: format!("k{r}").into_bytes(),
+                        value: vec![7; 100],
+                        lease: 0,
+                    }],
+                })
+                .collect(),
+            leases: Default::default(),
+        }
+    }
+
+    fn store(dir: &std::path::Path) -> Store {
+        Store::open(&format!("file://{}", dir.display())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stored_segment_lists_and_reads_back_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let m = put(&s, 0xabc, &segment(5, 9)).await.unwrap();
+        assert_eq!((m.first_revision, m.last_revision, m.revisions), (5, 9, 5));
+        assert_eq!(m.cluster_id, "abc");
+        assert_eq!(list(&s).await.unwrap(), vec![m.clone()]);
+        assert_eq!(get(&s, &m).await.unwrap(), segment(5, 9));
+    }
+
+    #[tokio::test]
+    async fn a_changed_byte_fails_the_checksum_and_is_a_bad_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let m = put(&s, 1, &segment(1, 3)).await.unwrap();
+        let path = dir.path().join(m.seg_object());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[10] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let e = get(&s, &m).await.unwrap_err();
+        assert!(matches!(e, SegmentError::Checksum { .. }), "{e}");
+        assert!(e.is_bad_segment());
+    }
+
+    #[tokio::test]
+    async fn an_encrypted_segment_needs_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Key::from_identity(age::x25519::Identity::generate());
+        let keys = Keys {
+            write: Some(key.clone()),
+            read: vec![],
+        };
+        let s = store(dir.path()).with_keys(keys);
+        let m = put(&s, 1, &segment(1, 3)).await.unwrap();
+        assert_eq!(
+            m.encryption.as_ref().map(|e| e.key.as_str()),
+            Some(key.fingerprint())
+        );
+        let raw = std::fs::read(dir.path().join(m.seg_object())).unwrap();
+        assert!(!raw.windows(2).any(|w| w == b"k1"), "stored in the clear");
+        assert_eq!(get(&s, &m).await.unwrap(), segment(1, 3));
+        let other = store(dir.path()).with_keys(Keys {
+            write: Some(Key::from_identity(age::x25519::Identity::generate())),
+            read: vec![],
+        });
+        assert!(matches!(
+            get(&other, &m).await,
+            Err(SegmentError::Decrypt { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn retention_removes_only_segments_wholly_before_the_oldest_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        put(&s, 1, &segment(1, 10)).await.unwrap();
+        put(&s, 1, &segment(11, 20)).await.unwrap();
+        put(&s, 1, &segment(21, 30)).await.unwrap();
+        let deleted = prune_before(&s, 15).await.unwrap();
+        assert_eq!(deleted.len(), 2, "{deleted:?}");
+        let left: Vec<i64> = list(&s)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.first_revision)
+            .collect();
+        assert_eq!(left, vec![11, 21]);
+    }
+}
