@@ -181,8 +181,9 @@ fn run(command: Command) -> anyhow::Result<Exit> {
                 }
                 .into());
             };
+            let list = args.list.then_some(args.output == "text");
             let passed =
-                runtime()?.block_on(backup_command(&cfg, &backup_cfg, args.list, args.drill))?;
+                runtime()?.block_on(backup_command(&cfg, &backup_cfg, list, args.drill))?;
             Ok(if passed {
                 Exit::Success
             } else {
@@ -244,19 +245,17 @@ fn exit_of(ended: Ended, what: &'static str) -> Exit {
     }
 }
 
-/// `etcd-steward backup [--list | --drill]`: prints JSON lines on stdout; `Ok(false)` when
-/// the drill ran and failed.
+/// `etcd-steward backup [--list [-o text] | --drill]`: prints JSON lines on stdout (or the
+/// list's text form, `list: Some(true)`); `Ok(false)` when the drill ran and failed.
 async fn backup_command(
     cfg: &etcd_steward::config::Config,
     backup_cfg: &backup::BackupConfig,
-    list: bool,
+    list: Option<bool>,
     drill: bool,
 ) -> anyhow::Result<bool> {
     let backups = backup::Backups::new(backup_cfg, cfg.etcd_bin.clone())?;
-    if list {
-        for m in backups.list().await? {
-            println!("{}", backup::manifest::list_line(&m));
-        }
+    if let Some(text) = list {
+        etcd_steward::commands::backups::list(&backups, text).await?;
         return Ok(true);
     }
     let source =

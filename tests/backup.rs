@@ -668,6 +668,59 @@ async fn backup_command_prints_the_manifest_and_list_prints_newest_first() {
 }
 
 #[tokio::test]
+async fn the_list_shows_how_far_each_snapshot_restores_through_the_archive() {
+    use etcd_steward::backup::archive::segment::{Op, Revision, Segment};
+    use etcd_steward::backup::archive::stored;
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    let url = file_url(work.path());
+    live.put_keys("/a/", 3).await;
+    let out = steward(&live, &url, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m: Manifest = serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    // Three revisions archived after the snapshot, of the same cluster.
+    let store = Store::open(&url).unwrap();
+    let cluster = u64::from_str_radix(&m.cluster_id, 16).unwrap();
+    let segment = Segment {
+        revisions: (1..=3)
+            .map(|i| Revision {
+                revision: m.revision + i,
+                time_unix_ms: 1_795_000_000_000 + u64::try_from(i).unwrap(),
+                ops: vec![Op::Delete {
+                    key: format!("/a/{i}").into_bytes(),
+                }],
+            })
+            .collect(),
+        leases: Default::default(),
+    };
+    stored::put(&store, cluster, &segment).await.unwrap();
+    let out = steward(&live, &url, &["--list"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(line["restorable"]["from_revision"], m.revision, "{line}");
+    assert_eq!(line["restorable"]["to_revision"], m.revision + 3, "{line}");
+    assert_eq!(line["restorable"]["segments"], 1, "{line}");
+    let out = steward(&live, &url, &["--list", "-o", "text"], &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected = format!(
+        "restorable: revision {} ({}) to revision {} (2026-11-18T11:06:40.003Z)",
+        m.revision,
+        m.time,
+        m.revision + 3
+    );
+    assert!(text.starts_with(&expected), "{expected:?} in {text}");
+}
+
+#[tokio::test]
 async fn an_unreachable_store_is_a_clear_error_and_touches_nothing() {
     let work = tempfile::tempdir().unwrap();
     let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;

@@ -119,7 +119,8 @@ pub fn parse_object(object: &str) -> Option<(&str, bool)> {
     }
 }
 
-/// The one line `backup --list` prints for a snapshot.
+/// The one line `backup --list` prints for a snapshot (the command adds how far it
+/// restores through the archive).
 pub fn list_line(m: &Manifest) -> serde_json::Value {
     serde_json::json!({
         "name": m.name,

@@ -1,9 +1,11 @@
-//! The incident commands an operator runs with `kubectl exec`: [`status`], [`recover`]
+//! The incident commands an operator runs with `kubectl exec`: [`status`], [`backups`]
+//! (`backup --list`), [`recover`]
 //! (prints the plan of [`crate::recovery`] and, with `--yes`, hands it to every pod),
 //! [`restore`] (`restore --snapshot`: takes a live cluster back to a snapshot through the
 //! same pods), and [`leave`] (`leave`, `rejoin`). The two that hand requests to the pods
 //! share [`hand_over`] here.
 
+pub mod backups;
 pub mod leave;
 pub mod recover;
 pub mod restore;

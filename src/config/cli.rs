@@ -274,9 +274,14 @@ pub struct BackupArgs {
 pub struct BackupCmdArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// List the stored snapshots, newest first, one JSON object per line.
+    /// List the stored snapshots, newest first, each with how far it restores through the
+    /// archive: one JSON object per line (`-o json`, the default), or a screen with the
+    /// restorable range first (`-o text`).
     #[arg(long, conflicts_with = "drill")]
     pub list: bool,
+    /// `--list`'s form: `json` (one object per snapshot) or `text`.
+    #[arg(short = 'o', long = "output", default_value = "json", value_parser = ["text", "json"])]
+    pub output: String,
     /// Run the restore drill once on the newest verified snapshot and print its outcome.
     #[arg(long)]
     pub drill: bool,

@@ -59,6 +59,70 @@ pub fn chain(from_revision: i64, cluster_id: &str, manifests: &[SegmentManifest]
     out
 }
 
+/// How far one snapshot restores: its own revision, or further through the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reach {
+    /// The snapshot's name.
+    pub snapshot: String,
+    /// The snapshot's revision and time (RFC 3339).
+    pub from_revision: i64,
+    pub from_time: String,
+    /// The last revision a restore from it reaches, and when the archiver received it
+    /// (the snapshot's own time when no segment continues it).
+    pub to_revision: i64,
+    pub to_time: String,
+    pub segments: usize,
+    /// Why the archive after it stops early, when it does.
+    pub broken: Option<String>,
+}
+
+impl Reach {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "from_revision": self.from_revision,
+            "from_time": self.from_time,
+            "to_revision": self.to_revision,
+            "to_time": self.to_time,
+            "segments": self.segments,
+            "broken": self.broken,
+        })
+    }
+}
+
+/// How far each verified snapshot restores (newest first, as `snapshots` are listed):
+/// what `backup --list` shows. Unverified snapshots are never restored and have none.
+pub fn reaches(
+    snapshots: &[crate::backup::manifest::Manifest],
+    segments: &[SegmentManifest],
+) -> Vec<Reach> {
+    snapshots
+        .iter()
+        .filter(|m| m.verified)
+        .map(|m| {
+            let c = chain(m.revision, &m.cluster_id, segments);
+            Reach {
+                snapshot: m.name.clone(),
+                from_revision: m.revision,
+                from_time: m.time.clone(),
+                to_revision: c.last_revision,
+                to_time: c
+                    .last_time_unix_ms
+                    .map(super::rfc3339_ms)
+                    .unwrap_or_else(|| m.time.clone()),
+                segments: c.segments.len(),
+                broken: c.broken,
+            }
+        })
+        .collect()
+}
+
+/// The restorable range: from the oldest verified snapshot to the furthest any reaches.
+pub fn range(reaches: &[Reach]) -> Option<(&Reach, &Reach)> {
+    let oldest = reaches.iter().min_by_key(|r| r.from_revision)?;
+    let furthest = reaches.iter().max_by_key(|r| r.to_revision)?;
+    Some((oldest, furthest))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 pub mod tests {
@@ -147,5 +211,39 @@ pub mod tests {
             (c.last_revision, c.last_time_unix_ms, c.broken),
             (50, None, None)
         );
+    }
+
+    #[test]
+    fn each_verified_snapshot_reaches_as_far_as_its_chain_and_the_range_spans_them() {
+        use crate::backup::manifest::Manifest;
+        let snap = |name: &str, revision: i64, verified: bool| Manifest {
+            name: name.into(),
+            cluster_id: "a".into(),
+            member_id: "1".into(),
+            revision,
+            etcd_version: "3.5.30".into(),
+            size: 1,
+            sha256: String::new(),
+            time: format!("t{revision}"),
+            time_unix: 0,
+            verified,
+            unverified_reason: None,
+            encryption: None,
+            drill: None,
+        };
+        let snapshots = [
+            snap("new", 30, true),
+            snap("bad", 20, false),
+            snap("old", 10, true),
+        ];
+        let segments = [seg("a", 11, 25), seg("a", 31, 40)];
+        let r = reaches(&snapshots, &segments);
+        assert_eq!(r.len(), 2, "the unverified one has no reach");
+        assert_eq!((r[0].to_revision, r[0].segments), (40, 1));
+        assert_eq!((r[1].to_revision, r[1].segments), (25, 1));
+        assert!(r[1].broken.as_deref().unwrap_or("").contains("26..30"));
+        let (oldest, furthest) = range(&r).unwrap();
+        assert_eq!((oldest.from_revision, furthest.to_revision), (10, 40));
+        assert_eq!(furthest.to_time, super::super::rfc3339_ms(40_000));
     }
 }
