@@ -181,6 +181,9 @@ pub struct DisasterSeen {
     pub hash_revision: i64,
     /// [`Disaster::WrongKeyThenRight`]: how each pod stood while it had the wrong key.
     pub wrong_key: Vec<WrongKeySeen>,
+    /// With the continuous archive: writes acknowledged before this time (writer's clock)
+    /// had to come back whatever the snapshots held ([`Struck::archived_before`]).
+    pub archived_before: Option<Duration>,
 }
 
 /// How a pod stood while its backup key opened no snapshot.
@@ -202,9 +205,18 @@ impl DisasterSeen {
             Disaster::LoseMajority { .. } => self.acked_before,
             Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => {
                 let newest = self.backups.last().map_or(0, |b| b.revision);
-                held_at(writes, self.acked_before, newest)
+                held_at(writes, self.acked_before, newest).max(self.archived(writes))
             }
         }
+    }
+
+    /// How many of the writes acknowledged before the loss the archive had to hold.
+    fn archived(&self, writes: &WriterReport) -> u64 {
+        let Some(before) = self.archived_before else {
+            return 0;
+        };
+        let times = &writes.acked_at[..(self.acked_before as usize).min(writes.acked_at.len())];
+        times.partition_point(|t| *t < before) as u64
     }
 
     /// Per pod, acknowledged writes that had to survive and are missing (`None`: the
@@ -279,6 +291,11 @@ impl DisasterSeen {
                 "the cluster came back empty after every volume was lost, not from backup {} (revision {})",
                 newest.name, newest.revision
             )),
+            Some(h) if h < must && self.archived(writes) == must => v.push(format!(
+                "the cluster came back holding {h} of the {must} writes acknowledged more than {:?} before every volume was lost: the continuous archive lost {} acknowledged writes",
+                ARCHIVE_INTERVAL + Duration::from_secs(1),
+                must - h
+            )),
             Some(h) if h < must => {
                 // The newest backup whose writes the cluster holds: the one it came from.
                 let from = self
@@ -330,6 +347,21 @@ pub fn restore_bumps_revision(steward: &Path, tool: &Path) -> bool {
     steward_has_bump_option(steward) && crate::etcd::tool_can_jump(tool)
 }
 
+/// The continuous archive's option.
+pub const ARCHIVE_OPTION: &str = "--archive-interval";
+/// The archive interval the disaster schedules run with.
+pub const ARCHIVE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether `steward` has the continuous archive (its `sidecar --help` lists
+/// [`ARCHIVE_OPTION`]): then a loss of every volume must keep every write acknowledged
+/// more than the interval and a second before it.
+pub fn archives(steward: &Path) -> bool {
+    std::process::Command::new(steward)
+        .args(["sidecar", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(ARCHIVE_OPTION))
+}
+
 /// Whether `steward`'s `init --help` lists [`BUMP_OPTION`].
 fn steward_has_bump_option(steward: &Path) -> bool {
     std::process::Command::new(steward)
@@ -366,6 +398,9 @@ pub fn options(set: &Set, disaster: &Disaster) -> Vec<String> {
     // that predates the option has neither).
     if steward_has_bump_option(set.steward_bin()) {
         args.extend(crate::etcd::jump_args(&tool));
+    }
+    if archives(set.steward_bin()) {
+        args.push(format!("{ARCHIVE_OPTION}={}s", ARCHIVE_INTERVAL.as_secs()));
     }
     if *disaster == Disaster::WrongKeyThenRight {
         args.push(key_option(&keys(set).right));
@@ -447,6 +482,10 @@ pub struct Struck {
     /// How long the pods ran with the wrong key (writes are refused meanwhile, on
     /// purpose: the outage it explains).
     pub held: Duration,
+    /// With the continuous archive (`--archive-interval`): the writes it had to hold, those
+    /// acknowledged before this time on the writer's clock (the loss, less the interval and
+    /// a second).
+    pub archived_before: Option<Duration>,
 }
 
 /// How long the set may take to settle before the disaster, and the survivor to serve the
@@ -479,6 +518,8 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
         }
     }
     let mut backup = None;
+    let archived = archives(set.steward_bin());
+    let mut lost_at = None;
     let acked_before = match disaster {
         Disaster::LoseEveryVolume | Disaster::WrongKeyThenRight => {
             // The runner's backup, while the writer goes on: writes after it are lost
@@ -490,8 +531,15 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
                 set.dump()
             );
             backup = Some(taken);
-            // A few writes after the backup: acknowledged, and lost with the volumes.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Writes after the backup: lost with the volumes, unless the archive holds them
+            // (then long enough after the backup that the archive must hold some).
+            let after = if archived {
+                ARCHIVE_INTERVAL * 4
+            } else {
+                Duration::from_millis(300)
+            };
+            tokio::time::sleep(after).await;
+            lost_at = Some(writer.elapsed());
             for o in &pods {
                 let _ = set.kill(*o).await;
             }
@@ -585,6 +633,9 @@ pub async fn strike(set: &mut Set, disaster: &Disaster, writer: &Writer) -> Stru
         lost_ids,
         wrong_key,
         held,
+        archived_before: lost_at
+            .filter(|_| archived)
+            .map(|t| t.saturating_sub(ARCHIVE_INTERVAL + Duration::from_secs(1))),
     }
 }
 
@@ -689,6 +740,7 @@ pub async fn observe(set: &Set, struck: Struck, writes: &WriterReport) -> Disast
         hashes,
         hash_revision,
         wrong_key: struck.wrong_key,
+        archived_before: struck.archived_before,
     }
 }
 
@@ -756,6 +808,10 @@ mod tests {
             max_gap_at: Duration::ZERO,
             refusals: Vec::new(),
             last_error: String::new(),
+            // One write a second.
+            acked_at: (0..revisions.len() as u64)
+                .map(Duration::from_secs)
+                .collect(),
             revisions,
         }
     }
@@ -784,7 +840,37 @@ mod tests {
             hashes: vec![Some(7); 3],
             hash_revision: 20,
             wrong_key: vec![],
+            archived_before: None,
         }
+    }
+
+    #[test]
+    fn with_the_archive_every_write_older_than_the_interval_and_a_second_must_come_back() {
+        // Ten writes a second apart (revisions 2..=11), the newest backup at revision 9
+        // (writes 0..8); the loss at 9.5 s: the archive had to hold writes acknowledged
+        // before 7.5 s (0..=7), which the backup already does, so 8 are due either way...
+        let w = writes(vec![2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 10, 11]);
+        let mut seen = restored(8, 2);
+        seen.archived_before = Some(Duration::from_millis(7_500));
+        assert_eq!(seen.must_hold(&w), 8);
+        // ...and with the loss 2 s later, the archive had to hold writes 0..=9: all ten.
+        seen.archived_before = Some(Duration::from_millis(9_500));
+        assert_eq!(seen.must_hold(&w), 10);
+        let v = seen.violations(&w);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("the continuous archive lost 2 acknowledged writes"),
+            "{v:?}"
+        );
+        let all_back = DisasterSeen {
+            held_before: vec![Some(10); 3],
+            ..seen
+        };
+        assert!(
+            all_back.violations(&w).is_empty(),
+            "{:?}",
+            all_back.violations(&w)
+        );
     }
 
     #[test]
@@ -851,6 +937,7 @@ mod tests {
             hashes: vec![Some(7); 3],
             hash_revision: 30,
             wrong_key: vec![],
+            archived_before: None,
         };
         assert!(seen.violations(&w).is_empty(), "{:?}", seen.violations(&w));
         assert_eq!(seen.missing(&w), vec![Some(0); 3]);
@@ -878,6 +965,7 @@ mod tests {
         let seen = DisasterSeen {
             disaster: Disaster::WrongKeyThenRight,
             wrong_key: vec![waited; 3],
+            archived_before: None,
             ..restored(8, 2)
         };
         assert!(seen.violations(&w).is_empty(), "{:?}", seen.violations(&w));
@@ -891,6 +979,7 @@ mod tests {
         assert!(v.len() == 1 && v[0].contains("pod 2's /ready"), "{v:?}");
         let never = DisasterSeen {
             wrong_key: vec![],
+            archived_before: None,
             ..seen.clone()
         };
         assert!(never.violations(&w)[0].contains("never seen with the wrong key"));

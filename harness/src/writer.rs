@@ -26,6 +26,7 @@ pub struct Writer {
     acked: Arc<AtomicU64>,
     pause: Arc<Pause>,
     revisions: Arc<Mutex<Vec<i64>>>,
+    started: Instant,
 }
 
 /// Holding the writer between two writes: `wanted` asks, `held` says it stopped writing.
@@ -53,6 +54,8 @@ pub struct WriterReport {
     pub last_error: String,
     /// The revision etcd acknowledged each write at: `revisions[i]` is `w/i`'s.
     pub revisions: Vec<i64>,
+    /// When each write was acknowledged, since the writer started: `acked_at[i]` is `w/i`'s.
+    pub acked_at: Vec<Duration>,
 }
 
 impl Writer {
@@ -81,7 +84,13 @@ impl Writer {
             acked,
             pause,
             revisions,
+            started,
         }
+    }
+
+    /// The writer's clock: the time since it started (what the report's times count from).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// Holds the writer once its write in flight ended (acknowledged or not); returns how
@@ -169,6 +178,7 @@ async fn write_loop(
         refusals: Vec::new(),
         last_error: String::new(),
         revisions: Vec::new(),
+        acked_at: Vec::new(),
     };
     let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
     let mut turn = 0usize;
@@ -202,6 +212,7 @@ async fn write_loop(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(revision);
                 let now = Instant::now();
+                report.acked_at.push(now - started);
                 if now - last_ack > REFUSAL {
                     report.refusals.push((last_ack - started, now - started));
                 }

@@ -164,6 +164,7 @@ fn clean() -> Outcome {
             refusals: vec![(Duration::from_secs(2), Duration::from_secs(3))],
             last_error: String::new(),
             revisions: vec![],
+            acked_at: vec![],
         },
         missing: vec![Some(0), Some(0), Some(0)],
         clusters: [9].into_iter().collect(),
