@@ -37,9 +37,14 @@ fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
     let scratch = set.root().join(format!("scratch-{o}"));
     set.extra_args = common.clone();
     set.extra_args.extend(backup_args.iter().cloned());
-    set.extra_args.extend([
+    if !backup_args
+        .iter()
+        .any(|a| a.starts_with("--backup-interval"))
+    {
         // One snapshot at the start: the rest of the history is the archive's.
-        "--backup-interval=1h".to_string(),
+        set.extra_args.push("--backup-interval=1h".to_string());
+    }
+    set.extra_args.extend([
         format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs()),
         format!("--etcd-bin={}", etcd.bin().display()),
         format!("--etcdutl-bin={}", etcd.offline_tool().display()),
@@ -485,5 +490,76 @@ async fn encrypted_segments_in_s3_read_back_only_with_the_key() {
         let e = stored::get(&plain, m).await.unwrap_err();
         assert!(e.is_bad_segment(), "{} read without the key: {e}", m.name);
     }
+    set.shutdown().await;
+}
+
+/// Retention follows the snapshots: with one snapshot kept, the segments wholly before it
+/// leave the store with the snapshots they continued; the archive after it stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_leave_the_store_with_the_snapshots_they_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = file_store(&dir.path().join("store"));
+    let mut reaper = DrillReaper(None);
+    let extra = [
+        "--backup-interval=3s".to_string(),
+        "--backup-keep=1".to_string(),
+    ];
+    let mut set = formed(Etcd::V3_5, &url, &extra, &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let mut written = Written::default();
+    written.puts(&set, "/old", 20, 0).await;
+    let old = written.last();
+    // The old revisions are archived in segments of their own...
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    while !stored::list(&store)
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.first_revision <= old && m.last_revision >= old)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "revision {old} never archived"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // ...and once every kept snapshot is past them, their segments are gone, objects too.
+    written.puts(&set, "/new", 10, 0).await;
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    loop {
+        let oldest = catalog::list(&store)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.revision)
+            .min()
+            .unwrap();
+        let objects = store.list("archive").await.unwrap();
+        let before: Vec<&String> = objects
+            .iter()
+            .map(|e| &e.name)
+            .filter(|n| {
+                let last = n
+                    .trim_start_matches("archive/")
+                    .split(['-', '.'])
+                    .nth(1)
+                    .and_then(|l| l.parse::<i64>().ok())
+                    .unwrap();
+                last < oldest
+            })
+            .collect();
+        if oldest > old && before.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "oldest kept snapshot at revision {oldest}, segments wholly before it still stored: {before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // What is left still continues the newest snapshot, without a hole.
+    written.puts(&set, "/newest", 10, 0).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    assert_eq!(a.broken, None);
     set.shutdown().await;
 }
