@@ -761,6 +761,7 @@ async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_s
     let cfg = BackupConfig {
         url: file_url(work.path()),
         interval: Duration::from_secs(60),
+        archive_interval: None,
         keep: 2,
         tool: Release::V35.tool(),
         scratch_dir: work.path().join("scratch"),

@@ -350,3 +350,68 @@ async fn the_backup_metrics_pass_promtool_with_every_series_set() -> TestResult 
     assert!(complaints.trim().is_empty(), "{complaints}");
     Ok(())
 }
+
+/// The archive's metrics: registered only with `--backup-url` and archiving on (the
+/// default), and, every series set from a round's report, they pass promtool.
+#[test]
+fn archive_metrics_exist_only_with_archiving_on_and_pass_promtool() -> TestResult {
+    use etcd_steward::backup::archive::writer::RoundReport as ArchiveReport;
+    use etcd_steward::sidecar::execute::archive::{ArchiveExport, ArchiveRounds};
+    let store = tempfile::tempdir()?;
+    let url = format!("file://{}", store.path().display());
+    for (args, on) in [
+        (vec![], false),
+        (
+            vec!["--backup-url", url.as_str(), "--archive-interval", "0"],
+            false,
+        ),
+        (vec!["--backup-url", url.as_str()], true),
+    ] {
+        let mut registry = Registry::default();
+        let cfg = config(&args)?;
+        assert_eq!(
+            ArchiveRounds::new(&cfg, &mut registry).is_some(),
+            on,
+            "{args:?}"
+        );
+        let text = encode(&registry, Format::OpenMetrics)?;
+        assert_eq!(
+            text.contains("etcd_steward_archive"),
+            on,
+            "{args:?}: {text}"
+        );
+    }
+    let mut registry = Registry::default();
+    let export = ArchiveExport::register(&mut registry);
+    export.absorb(&ArchiveReport {
+        last_revision: Some(1234),
+        lag_seconds: Some(0.0),
+        segments: 2,
+        breaks: 1,
+        error: None,
+    });
+    export.absorb(&ArchiveReport {
+        last_revision: Some(1234),
+        lag_seconds: Some(7.5),
+        segments: 0,
+        breaks: 0,
+        error: Some("store unreachable".into()),
+    });
+    export.record(&Outcome::Failed(
+        Step::ArchiveRound { from_store: true },
+        "no store".into(),
+    ));
+    let text = encode(&registry, Format::PrometheusText)?;
+    for series in [
+        "etcd_steward_archive_last_revision 1234",
+        "etcd_steward_archive_lag_seconds 7.5",
+        "etcd_steward_archive_segments_total 2",
+        "etcd_steward_archive_failures_total 2",
+        "etcd_steward_archive_breaks_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
+    }
+    let complaints = promtool(&text)?;
+    assert!(complaints.trim().is_empty(), "{complaints}");
+    Ok(())
+}

@@ -40,6 +40,9 @@ pub struct BackupConfig {
     /// `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix` or `file:///path`.
     pub url: String,
     pub interval: Duration,
+    /// How often the leader's sidecar writes an archive segment (`--archive-interval`);
+    /// `None`: archiving is off.
+    pub archive_interval: Option<Duration>,
     /// How many of the newest snapshots to keep (the newest verified one is always kept).
     pub keep: usize,
     /// etcd's offline tool: `etcdutl` (3.5+) or `etcdctl` (3.4).

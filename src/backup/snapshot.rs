@@ -94,7 +94,7 @@ impl EtcdTarget {
 /// Calls other than the stream get this long.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn source_error(endpoint: &str, e: etcd_client::Error) -> SourceError {
+pub(crate) fn source_error(endpoint: &str, e: etcd_client::Error) -> SourceError {
     let detail = match &e {
         etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
         other => other.to_string(),
@@ -143,6 +143,16 @@ impl EtcdSource {
         })?
         .map_err(|e| source_error(&endpoint, e))?;
         Ok(EtcdSource { client, endpoint })
+    }
+
+    /// The connection, for the archive's calls (`archive::watch`).
+    pub fn client(&self) -> etcd_client::Client {
+        self.client.clone()
+    }
+
+    /// `host:port` of the member, as errors name it.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     async fn timed<T>(

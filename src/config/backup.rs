@@ -31,6 +31,17 @@ impl BackupArgs {
             problems,
         )
         .unwrap_or_default();
+        // `0` (or `0s`) turns archiving off; otherwise at least a second.
+        let archive_interval = match self.archive_interval.trim() {
+            "0" | "0s" => None,
+            value => duration_at_least(
+                "archive-interval",
+                value,
+                Duration::from_secs(1),
+                "5s (or 0 to turn archiving off)",
+                problems,
+            ),
+        };
         let keep = match self.backup_keep.parse::<usize>() {
             Ok(n) if n >= 1 => n,
             _ => {
@@ -109,6 +120,7 @@ impl BackupArgs {
         Some(BackupConfig {
             url: url.unwrap_or_default().to_string(),
             interval,
+            archive_interval,
             keep,
             tool: EtcdTool {
                 bump_revision,

@@ -227,6 +227,10 @@ pub struct BackupArgs {
     /// How often the leader's sidecar takes a snapshot (humantime: 30m, 1h).
     #[arg(long, env = "ETCD_STEWARD_BACKUP_INTERVAL", default_value = "30m")]
     pub backup_interval: String,
+    /// The sidecar that takes snapshots (the leader's) also archives every change etcd
+    /// makes, in segments written this often (humantime: 5s, 1m); `0` turns it off.
+    #[arg(long, env = "ETCD_STEWARD_ARCHIVE_INTERVAL", default_value = "5s")]
+    pub archive_interval: String,
     /// How many of the newest snapshots to keep; the newest verified one is never deleted.
     #[arg(long, env = "ETCD_STEWARD_BACKUP_KEEP", default_value = "48")]
     pub backup_keep: String,

@@ -240,6 +240,7 @@ mod backup_options {
         assert_eq!(b.url, "s3://bucket/etcd");
         assert_eq!(b.interval, Duration::from_secs(1800));
         assert_eq!(b.keep, 48);
+        assert_eq!(b.archive_interval, Some(Duration::from_secs(5)));
         assert_eq!(b.restore, crate::backup::RestoreChoice::Latest);
         // Which tool is found depends on this machine's PATH (tool.rs tests the search).
         assert_eq!(b.tool.bump_revision, 1_000_000_000);
@@ -275,6 +276,34 @@ mod backup_options {
             "--restore-bump-revision",
         ] {
             assert!(all.contains(flag), "{flag} missing from {all}");
+        }
+    }
+
+    #[test]
+    fn archive_interval_zero_turns_archiving_off_and_a_bad_one_is_named() {
+        let with = |value: &str| {
+            common(&[
+                "--name",
+                "etcd-0",
+                "--replicas",
+                "3",
+                "--backup-url",
+                "file:///b",
+                "--archive-interval",
+                value,
+            ])
+            .validate()
+        };
+        let off = with("0").unwrap().backup.unwrap();
+        assert_eq!(off.archive_interval, None);
+        let minute = with("1m").unwrap().backup.unwrap();
+        assert_eq!(minute.archive_interval, Some(Duration::from_secs(60)));
+        for bad in ["soon", "100ms"] {
+            let e = with(bad).unwrap_err();
+            assert!(
+                e.problems.iter().any(|p| p.contains("--archive-interval")),
+                "{bad}: {e}"
+            );
         }
     }
 

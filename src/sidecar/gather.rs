@@ -204,6 +204,7 @@ pub async fn observe<D: Dns, C: Connector>(
         journal,
         previous: Vec::new(),
         backup_rounds: Vec::new(),
+        archive_rounds: Vec::new(),
         peers: Vec::new(),
         scale_in: Default::default(),
         recovery_looks: Vec::new(),

@@ -28,6 +28,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::Connector;
 use conn::Connections;
+use execute::archive::ArchiveRounds;
 use execute::backup::BackupRounds;
 pub use execute::scale_in::ScaleInDuty;
 use execute::Jobs;
@@ -94,6 +95,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
             planners: planners(cfg, registry),
             jobs: Jobs {
                 backups: BackupRounds::new(cfg, registry),
+                archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,
             },
@@ -211,6 +213,9 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
     }
     if let Some(b) = &cfg.backup {
         planners.push(Box::new(plan::backup::Backup::new(b.interval)));
+        if let Some(every) = b.archive_interval {
+            planners.push(Box::new(plan::archive::Archive::new(every)));
+        }
     }
     planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
     if let Some(after) = cfg.auto_recover_after {

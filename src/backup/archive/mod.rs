@@ -4,11 +4,15 @@
 //! any revision up to the last archived one.
 //!
 //! [`segment`] is the stored form of one segment (pure); [`chain`] picks, from the
-//! manifests alone, which segments continue a snapshot and where the chain ends (pure).
+//! manifests alone, which segments continue a snapshot and where the chain ends (pure);
+//! [`stored`] puts and gets them in the store; [`watch`] holds the etcd calls the
+//! [`writer`] makes to archive the changes of the local member, round after round.
 
 pub mod chain;
 pub mod segment;
 pub mod stored;
+pub mod watch;
+pub mod writer;
 
 use serde::{Deserialize, Serialize};
 

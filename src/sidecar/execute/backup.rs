@@ -137,6 +137,13 @@ async fn round(backups: Result<Backups, String>, target: EtcdTarget) -> RoundRep
         .await
     {
         Ok(report) => {
+            // Retention follows the snapshots: after the snapshots' (which runs after each
+            // attempt), the archive segments wholly before the oldest kept snapshot.
+            if report.taken.is_some() || report.take_error.is_some() {
+                if let Err(e) = crate::backup::archive::writer::prune(&backups).await {
+                    tracing::warn!(error = %e, "archive retention failed; retried after the next snapshot");
+                }
+            }
             // Stored but failing etcd's checksum: counted as a failure, and said as one.
             let unverified = report.taken.as_ref().filter(|m| !m.verified).map(|m| {
                 format!(

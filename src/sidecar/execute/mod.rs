@@ -1,9 +1,10 @@
 //! The one executor: performs the planners' steps against etcd and says what came of each.
 //! It decides nothing; it logs each outcome once, here. A job whose I/O outlives a step has
-//! its own file here ([`Jobs`]): [`backup`] (rounds in the background), [`scale_in`] (the
+//! its own file here ([`Jobs`]): [`backup`] and [`archive`] (rounds in the background), [`scale_in`] (the
 //! Kubernetes API's watcher, the voters' probe), [`defrag`] (under the lock key); each
 //! also adds to the observation what its planner reads ([`Jobs::gather`]).
 
+pub mod archive;
 pub mod backup;
 pub mod defrag;
 pub mod scale_in;
@@ -16,6 +17,7 @@ use super::plan::{Observation, Outcome, Step};
 use super::recovery::AutoRecoverDuty;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
+use archive::ArchiveRounds;
 use backup::BackupRounds;
 use defrag::defragment;
 use scale_in::ScaleInDuty;
@@ -26,6 +28,8 @@ use scale_in::ScaleInDuty;
 pub struct Jobs {
     /// Backup rounds running in the background, with `--backup-url`.
     pub backups: Option<BackupRounds>,
+    /// Archive rounds running in the background, with `--backup-url` and archiving on.
+    pub archive: Option<ArchiveRounds>,
     /// With `--scale-in`: the API's watcher and the voters' probe.
     pub scale_in: Option<ScaleInDuty>,
     /// With `--auto-recover-after`: the looks for a proof of loss, and the inbox.
@@ -46,6 +50,11 @@ impl Jobs {
             .as_mut()
             .map(BackupRounds::ended)
             .unwrap_or_default();
+        seen.archive_rounds = self
+            .archive
+            .as_mut()
+            .map(ArchiveRounds::ended)
+            .unwrap_or_default();
         if let Some(duty) = &self.scale_in {
             duty.gather(conn, seen).await;
         }
@@ -57,6 +66,9 @@ impl Jobs {
     /// What came of a step, for the jobs' own metrics.
     pub fn record(&self, outcome: &Outcome) {
         if let Some(rounds) = &self.backups {
+            rounds.record(outcome);
+        }
+        if let Some(rounds) = &self.archive {
             rounds.record(outcome);
         }
     }
@@ -80,6 +92,16 @@ pub async fn execute<D: Dns, C: Connector>(
             None => Err(EtcdError::Other {
                 endpoint: String::new(),
                 detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
+        Step::ArchiveRound { from_store } => match &jobs.archive {
+            Some(rounds) => {
+                rounds.start(*from_store);
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "archiving is off (no --backup-url, or --archive-interval=0)".into(),
             }),
         },
         Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
@@ -194,6 +216,10 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
+        Outcome::Done(Step::ArchiveRound { .. }) => tracing::debug!("archive round started"),
+        Outcome::Failed(Step::ArchiveRound { .. }, error) => {
+            tracing::warn!(%error, "archive round not started");
+        }
         Outcome::Done(Step::Defrag { why, lock }) => {
             tracing::warn!(why = %why, locked = lock, "member defragmented");
         }
@@ -214,6 +240,7 @@ fn log(outcome: &Outcome) {
         Outcome::Moot(
             Step::RemoveLearner { .. }
             | Step::BackupRound
+            | Step::ArchiveRound { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
@@ -223,6 +250,7 @@ fn log(outcome: &Outcome) {
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
             | Step::BackupRound
+            | Step::ArchiveRound { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }

@@ -6,6 +6,7 @@
 //! a new planner: one file here, its step's arm in the executor, and one line in
 //! `sidecar::planners`.
 
+pub mod archive;
 pub mod auto_recover;
 pub mod backup;
 pub mod defrag;
@@ -17,7 +18,7 @@ pub mod scale_in;
 
 use tokio::time::Instant;
 
-pub use observation::{DefragWhy, Observation, Outcome, Step, Why};
+pub use observation::{ArchiveEnd, DefragWhy, Observation, Outcome, Step, Why};
 
 /// One behaviour of the sidecar.
 pub trait Planner: Send {

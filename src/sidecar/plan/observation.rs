@@ -45,6 +45,8 @@ pub struct Observation {
     pub previous: Vec<Outcome>,
     /// The backup rounds that ended since the last tick (filled in by the loop).
     pub backup_rounds: Vec<RoundEnd>,
+    /// The archive rounds that ended since the last tick (filled in by the loop).
+    pub archive_rounds: Vec<ArchiveEnd>,
     /// The other voters' status, asked only when the defragmentation planner needs them
     /// (filled in by the loop, see `sidecar::gather::peer_statuses`).
     pub peers: Vec<MemberStatus>,
@@ -79,6 +81,7 @@ impl Observation {
             journal: JournalView::default(),
             previous: Vec::new(),
             backup_rounds: Vec::new(),
+            archive_rounds: Vec::new(),
             peers: Vec::new(),
             scale_in: Default::default(),
             recovery_looks: Vec::new(),
@@ -163,6 +166,17 @@ pub enum RoundEnd {
     Failed { error: String },
 }
 
+/// How an archive round ended, as the loop hands it to the archive planner on a later tick
+/// (what it counted goes to the metrics on the executor's side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArchiveEnd {
+    /// Every revision up to `last_revision` is in the store (or a snapshot taken at it,
+    /// after a break).
+    Archived { last_revision: i64 },
+    /// The round could not run to its end; the error, as logged.
+    Failed { error: String },
+}
+
 /// One look for a proof of loss (`--auto-recover-after`), as `recover --yes` would see it
 /// from this pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +237,12 @@ pub enum Step {
     /// Start a backup round (take if due → prune → drill) in the background; it reports
     /// back through the observation of a later tick (`Observation::backup_rounds`).
     BackupRound,
+    /// Start an archive round in the background: the changes since the last archived
+    /// revision into the store (see `plan::archive`). `from_store`: forget what the
+    /// previous rounds remembered and read where to continue from the store (the first
+    /// round since this member leads). It reports back through a later observation
+    /// (`Observation::archive_rounds`).
+    ArchiveRound { from_store: bool },
     /// Defragment the local member (under the lock key when `lock`); `/ready` says so
     /// meanwhile.
     Defrag { why: DefragWhy, lock: bool },

@@ -1,0 +1,565 @@
+//! The continuous archive, written by the leader's sidecar of a real three-pod set on
+//! loopback, read back from the store as a restore would (`stored::get`, verified): every
+//! revision after the newest snapshot, with no gap, each as it was written (key, value,
+//! mod_revision), across a change of leader; a store that fails for a while (failures
+//! counted, `/ready` unaffected, the archive catches up); a compaction that outruns the
+//! archive (a break: a snapshot now, the chain resumes from it); encrypted segments in S3;
+//! leased keys' TTLs. Run under `flock /tmp/steward-it.lock`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use etcd_client::PutOptions;
+use etcd_steward::backup::archive::chain::chain;
+use etcd_steward::backup::archive::segment::{Op, Revision};
+use etcd_steward::backup::archive::stored;
+use etcd_steward::backup::crypt::{Key, Keys};
+use etcd_steward::backup::{catalog, manifest::Manifest, store::Store};
+use harness::loopback::Set;
+use harness::Etcd;
+
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+const FORM: Duration = Duration::from_secs(60);
+/// `--archive-interval` of every scenario.
+const ARCHIVE_EVERY: Duration = Duration::from_secs(1);
+/// How long the archive may take to reach a revision once written (a round every second,
+/// the first after the leader's first backup round, which drills the first snapshot).
+const CATCH_UP: Duration = Duration::from_secs(40);
+
+/// Starts pod `o`: its sidecar with the backup and archive options, then its init.
+fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
+    set.set_dns(o, true).unwrap();
+    let common = std::mem::take(&mut set.extra_args);
+    let scratch = set.root().join(format!("scratch-{o}"));
+    set.extra_args = common.clone();
+    set.extra_args.extend(backup_args.iter().cloned());
+    if !backup_args
+        .iter()
+        .any(|a| a.starts_with("--backup-interval"))
+    {
+        // One snapshot at the start: the rest of the history is the archive's.
+        set.extra_args.push("--backup-interval=1h".to_string());
+    }
+    set.extra_args.extend([
+        format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs()),
+        format!("--etcd-bin={}", etcd.bin().display()),
+        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
+        format!("--backup-scratch-dir={}", scratch.display()),
+    ]);
+    set.extra_args
+        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
+    set.start_sidecar(o).unwrap();
+    set.extra_args = common;
+    set.start_init(o).unwrap();
+}
+
+/// Stops the drills' throw-away etcds of a set when a scenario ends (as
+/// tests/backup_cluster.rs does). Declared before the set, so it runs after the set's own
+/// clean-up.
+struct DrillReaper(Option<PathBuf>);
+
+impl Drop for DrillReaper {
+    fn drop(&mut self) {
+        let Some(root) = &self.0 else { return };
+        let pattern = format!("data-dir={}/scratch-", root.display());
+        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
+            return;
+        };
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
+/// Three pods formed, their sidecars backing up and archiving to `url`.
+async fn formed(etcd: Etcd, url: &str, extra: &[String], reaper: &mut DrillReaper) -> Set {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    reaper.0 = Some(set.root().to_path_buf());
+    let mut args = vec![format!("--backup-url={url}")];
+    args.extend(extra.iter().cloned());
+    for o in 0..3 {
+        start(&mut set, etcd, o, &args);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    set
+}
+
+/// What a scenario wrote, by the revision etcd gave it: the key, and its value (`None`:
+/// deleted), and its lease (0: none).
+#[derive(Default)]
+struct Written(BTreeMap<i64, (String, Option<String>, i64)>);
+
+impl Written {
+    fn last(&self) -> i64 {
+        self.0.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Puts `n` keys `<prefix>/<i>` through any running pod (retrying a put that fails
+    /// through an election), then deletes the first; every acknowledged one recorded.
+    async fn puts(&mut self, set: &Set, prefix: &str, n: usize, lease: i64) {
+        for i in 0..n {
+            let (key, value) = (format!("{prefix}/{i:04}"), format!("{prefix}-value-{i}"));
+            let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let done = match set.any_client().await {
+                    Ok(mut c) => c
+                        .put(key.clone(), value.clone(), options.clone())
+                        .await
+                        .ok(),
+                    Err(_) => None,
+                };
+                if let Some(r) = done {
+                    let revision = r.header().unwrap().revision();
+                    self.0
+                        .insert(revision, (key.clone(), Some(value.clone()), lease));
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "put {key} refused for 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let key = format!("{prefix}/{:04}", 0);
+        let mut c = set.any_client().await.unwrap();
+        let r = c.delete(key.clone(), None).await.unwrap();
+        self.0
+            .insert(r.header().unwrap().revision(), (key, None, 0));
+    }
+}
+
+/// The archive of cluster `cluster` as a restore would read it: the newest verified
+/// snapshot of the cluster, the chain of segments continuing it, and every revision they
+/// hold after it (a revision held twice, by overlapping segments, is held identically).
+struct Archived {
+    snapshot: Manifest,
+    last_revision: i64,
+    broken: Option<String>,
+    revisions: BTreeMap<i64, Revision>,
+    leases: BTreeMap<i64, i64>,
+    segments: usize,
+}
+
+async fn archived(store: &Store, cluster: &str) -> Option<Archived> {
+    let snapshot = catalog::list(store)
+        .await
+        .ok()?
+        .into_iter()
+        .find(|m| m.verified && m.cluster_id == cluster)?;
+    let all = stored::list(store).await.ok()?;
+    let c = chain(snapshot.revision, cluster, &all);
+    let mut out = Archived {
+        last_revision: c.last_revision,
+        broken: c.broken.clone(),
+        revisions: BTreeMap::new(),
+        leases: BTreeMap::new(),
+        segments: c.segments.len(),
+        snapshot,
+    };
+    for m in &c.segments {
+        let seg = stored::get(store, m)
+            .await
+            .unwrap_or_else(|e| panic!("segment {} reads back: {e}", m.name));
+        out.leases.extend(seg.leases.clone());
+        for r in seg.revisions {
+            if r.revision <= out.snapshot.revision {
+                continue;
+            }
+            if let Some(before) = out.revisions.get(&r.revision) {
+                assert_eq!(
+                    before.ops, r.ops,
+                    "revision {} archived twice, differently",
+                    r.revision
+                );
+            }
+            out.revisions.insert(r.revision, r);
+        }
+    }
+    Some(out)
+}
+
+/// Waits until the archive of `cluster` reaches `upto`.
+async fn reaches(store: &Store, cluster: &str, upto: i64, set: &Set) -> Archived {
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    loop {
+        let a = archived(store, cluster).await;
+        if let Some(a) = a.filter(|a| a.last_revision >= upto) {
+            return a;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the archive does not reach revision {upto} within {CATCH_UP:?}: {:?}{}",
+            archived(store, cluster).await.map(|a| (
+                a.snapshot.revision,
+                a.last_revision,
+                a.broken
+            )),
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Every revision after the snapshot up to `upto` is in the archive, and every write the
+/// scenario made after the snapshot is there as written, at its revision.
+fn no_gap_and_as_written(a: &Archived, upto: i64, written: &Written) {
+    let from = a.snapshot.revision;
+    let missing: Vec<i64> = (from + 1..=upto)
+        .filter(|r| !a.revisions.contains_key(r))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "revisions missing from the archive after snapshot {} (revision {from}): {missing:?}",
+        a.snapshot.name
+    );
+    let mut checked = 0;
+    for (revision, (key, value, lease)) in written.0.range(from + 1..) {
+        let r = &a.revisions[revision];
+        let found = r.ops.iter().any(|op| match (op, value) {
+            (
+                Op::Put {
+                    key: k,
+                    value: v,
+                    lease: l,
+                },
+                Some(value),
+            ) => k == key.as_bytes() && v == value.as_bytes() && l == lease,
+            (Op::Delete { key: k }, None) => k == key.as_bytes(),
+            _ => false,
+        });
+        assert!(
+            found,
+            "revision {revision}: {key} {value:?} not archived: {r:?}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked > 0,
+        "nothing written after the snapshot was checked"
+    );
+}
+
+/// The value of a sample in pod `o`'s `/metrics`.
+async fn metric(set: &Set, o: u32, series: &str) -> Option<f64> {
+    let (_, text) = set.http(o, "/metrics").await?;
+    harness::client::sample(&text, series)
+}
+
+/// Waits until pod `o`'s `series` satisfies `ok`; its value.
+async fn metric_until(set: &Set, o: u32, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    loop {
+        let v = metric(set, o, series).await;
+        if let Some(v) = v.filter(|v| ok(*v)) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod {o}'s {series} is {v:?}{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The store of a `file://` URL.
+fn file_store(dir: &std::path::Path) -> (String, Store) {
+    let url = format!("file://{}", dir.display());
+    let store = Store::open(&url).unwrap();
+    (url, store)
+}
+
+/// Under a writer, with a leader change in the middle, the archive holds every revision
+/// after the snapshot exactly once in content, as written, leased keys with their TTL.
+async fn a_leader_change_mid_archive_leaves_no_gap(etcd: Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = file_store(&dir.path().join("store"));
+    let mut reaper = DrillReaper(None);
+    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let leader = set.leader().await.unwrap();
+
+    let mut written = Written::default();
+    written.puts(&set, "/before", 40, 0).await;
+    let lease = {
+        let mut c = set.any_client().await.unwrap();
+        c.lease_grant(600, None).await.unwrap().id()
+    };
+    written.puts(&set, "/leased", 5, lease).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    no_gap_and_as_written(&a, written.last(), &written);
+    assert_eq!(
+        a.leases.get(&lease),
+        Some(&600),
+        "the lease's TTL is recorded"
+    );
+    metric_until(&set, leader, "etcd_steward_archive_segments_total", |v| {
+        v >= 1.0
+    })
+    .await;
+    metric_until(&set, leader, "etcd_steward_archive_lag_seconds", |v| {
+        v == 0.0
+    })
+    .await;
+
+    // Writes the archive has not caught up with yet, then the leader's pod is killed;
+    // writes go on; its successor continues the archive from where the store says.
+    written.puts(&set, "/mid", 40, 0).await;
+    set.kill(leader).await.unwrap();
+    written.puts(&set, "/after", 40, 0).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    no_gap_and_as_written(&a, written.last(), &written);
+    let new_leader = set.leader().await.unwrap();
+    assert_ne!(new_leader, leader);
+    let archived_rev = metric_until(
+        &set,
+        new_leader,
+        "etcd_steward_archive_last_revision",
+        |v| v >= written.last() as f64,
+    )
+    .await;
+    assert!(archived_rev >= written.last() as f64);
+    for o in (0..3).filter(|o| *o != leader && *o != new_leader) {
+        assert_eq!(
+            metric(&set, o, "etcd_steward_archive_segments_total").await,
+            Some(0.0),
+            "pod {o} never led: it archived nothing"
+        );
+    }
+    set.shutdown().await;
+}
+
+harness::per_etcd_version!(
+    [V3_5, V3_5Current, V3_4] by scenario:
+    a_leader_change_mid_archive_leaves_no_gap => a_leader_change_mid_archive_leaves_no_gap,
+);
+
+/// The store's directory becomes a file: archive rounds fail and are counted, the lag
+/// grows, every pod stays ready; once it is back the archive catches up with no gap.
+async fn a_store_down_for_a_while_is_caught_up_after(etcd: Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let (url, store) = file_store(&store_dir);
+    let mut reaper = DrillReaper(None);
+    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let leader = set.leader().await.unwrap();
+    let mut written = Written::default();
+    written.puts(&set, "/first", 10, 0).await;
+    reaches(&store, &cluster, written.last(), &set).await;
+    let failures = "etcd_steward_archive_failures_total";
+    let before = metric(&set, leader, failures).await.unwrap();
+
+    let aside = dir.path().join("store-aside");
+    std::fs::rename(&store_dir, &aside).unwrap();
+    std::fs::write(&store_dir, b"not a directory").unwrap();
+    written.puts(&set, "/while-down", 20, 0).await;
+    metric_until(&set, leader, failures, |v| v >= before + 2.0).await;
+    let lag = "etcd_steward_archive_lag_seconds";
+    let first = metric_until(&set, leader, lag, |v| v > 0.0).await;
+    metric_until(&set, leader, lag, |v| v > first + 1.0).await;
+    for o in 0..3 {
+        assert!(set.ready(o).await, "pod {o} ready while the store is down");
+    }
+
+    std::fs::remove_file(&store_dir).unwrap();
+    std::fs::rename(&aside, &store_dir).unwrap();
+    written.puts(&set, "/after", 10, 0).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    no_gap_and_as_written(&a, written.last(), &written);
+    metric_until(&set, leader, lag, |v| v == 0.0).await;
+    set.shutdown().await;
+}
+
+/// While the archiver cannot reach the store, etcd compacts past what it archived: once
+/// the store is back, a break is counted, a new snapshot exists, and the archive continues
+/// from it with no gap.
+async fn a_compaction_that_outruns_the_archive_is_a_break_and_the_chain_resumes(etcd: Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let (url, store) = file_store(&store_dir);
+    let mut reaper = DrillReaper(None);
+    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let leader = set.leader().await.unwrap();
+    let mut written = Written::default();
+    written.puts(&set, "/first", 10, 0).await;
+    let first = reaches(&store, &cluster, written.last(), &set).await;
+    assert_eq!(
+        metric(&set, leader, "etcd_steward_archive_breaks_total").await,
+        Some(0.0)
+    );
+
+    let aside = dir.path().join("store-aside");
+    std::fs::rename(&store_dir, &aside).unwrap();
+    std::fs::write(&store_dir, b"not a directory").unwrap();
+    written.puts(&set, "/unarchived", 20, 0).await;
+    let compacted = written.last();
+    let mut c = set.any_client().await.unwrap();
+    c.compact(
+        compacted,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    std::fs::remove_file(&store_dir).unwrap();
+    std::fs::rename(&aside, &store_dir).unwrap();
+
+    metric_until(&set, leader, "etcd_steward_archive_breaks_total", |v| {
+        v >= 1.0
+    })
+    .await;
+    assert!(
+        set.logs(leader).contains("archive break"),
+        "the break is logged"
+    );
+    written.puts(&set, "/resumed", 10, 0).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    assert_ne!(a.snapshot.name, first.snapshot.name, "a new snapshot");
+    assert!(
+        a.snapshot.revision >= compacted,
+        "the new snapshot holds the compacted revisions: {}",
+        a.snapshot.revision
+    );
+    no_gap_and_as_written(&a, written.last(), &written);
+    set.shutdown().await;
+}
+
+harness::per_etcd_version!(
+    [V3_5, V3_4] by scenario:
+    a_store_down_for_a_while_is_caught_up_after => a_store_down_for_a_while_is_caught_up_after,
+    a_compaction_that_outruns_the_archive_is_a_break_and_the_chain_resumes =>
+        a_compaction_that_outruns_the_archive_is_a_break_and_the_chain_resumes,
+);
+
+/// With `--backup-encryption-key-file`, into S3: every segment is encrypted to the key
+/// (its manifest says so, the stored bytes hold no key in the clear), reads back with the
+/// key and not without it, leased keys with their TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypted_segments_in_s3_read_back_only_with_the_key() {
+    let work = tempfile::tempdir().unwrap();
+    let generated = Command::new(STEWARD)
+        .args(["backup", "--generate-key"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    let key_file = work.path().join("key.txt");
+    std::fs::write(&key_file, &generated.stdout).unwrap();
+    let url = harness::moto::s3_url("archive-encrypted", "etcd");
+    let mut reaper = DrillReaper(None);
+    let key_arg = format!("--backup-encryption-key-file={}", key_file.display());
+    let mut set = formed(Etcd::V3_5, &url, &[key_arg], &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let key = Key::load(&key_file).unwrap();
+    let store = Store::open(&url).unwrap().with_keys(Keys {
+        write: Some(key.clone()),
+        read: vec![],
+    });
+    let mut written = Written::default();
+    let lease = {
+        let mut c = set.any_client().await.unwrap();
+        c.lease_grant(90, None).await.unwrap().id()
+    };
+    written.puts(&set, "/secret", 10, lease).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    no_gap_and_as_written(&a, written.last(), &written);
+    assert_eq!(a.leases.get(&lease), Some(&90));
+    assert!(a.segments >= 1);
+
+    let manifests = stored::list(&store).await.unwrap();
+    let plain = Store::open(&url).unwrap();
+    for m in manifests.iter().filter(|m| m.cluster_id == cluster) {
+        assert_eq!(
+            m.encryption.as_ref().map(|e| e.key.as_str()),
+            Some(key.fingerprint()),
+            "{} encrypted to the key",
+            m.name
+        );
+        let raw = plain.get(&m.seg_object()).await.unwrap();
+        assert!(
+            !raw.windows(7).any(|w| w == b"/secret"),
+            "{} in the clear",
+            m.name
+        );
+        let e = stored::get(&plain, m).await.unwrap_err();
+        assert!(e.is_bad_segment(), "{} read without the key: {e}", m.name);
+    }
+    set.shutdown().await;
+}
+
+/// Retention follows the snapshots: with one snapshot kept, the segments wholly before it
+/// leave the store with the snapshots they continued; the archive after it stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_leave_the_store_with_the_snapshots_they_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = file_store(&dir.path().join("store"));
+    let mut reaper = DrillReaper(None);
+    let extra = [
+        "--backup-interval=3s".to_string(),
+        "--backup-keep=1".to_string(),
+    ];
+    let mut set = formed(Etcd::V3_5, &url, &extra, &mut reaper).await;
+    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let mut written = Written::default();
+    written.puts(&set, "/old", 20, 0).await;
+    let old = written.last();
+    // The old revisions are archived in segments of their own...
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    while !stored::list(&store)
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.first_revision <= old && m.last_revision >= old)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "revision {old} never archived"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // ...and once every kept snapshot is past them, their segments are gone, objects too.
+    written.puts(&set, "/new", 10, 0).await;
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    loop {
+        let oldest = catalog::list(&store)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.revision)
+            .min()
+            .unwrap();
+        let objects = store.list("archive").await.unwrap();
+        let before: Vec<&String> = objects
+            .iter()
+            .map(|e| &e.name)
+            .filter(|n| {
+                let last = n
+                    .trim_start_matches("archive/")
+                    .split(['-', '.'])
+                    .nth(1)
+                    .and_then(|l| l.parse::<i64>().ok())
+                    .unwrap();
+                last < oldest
+            })
+            .collect();
+        if oldest > old && before.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "oldest kept snapshot at revision {oldest}, segments wholly before it still stored: {before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // What is left still continues the newest snapshot, without a hole.
+    written.puts(&set, "/newest", 10, 0).await;
+    let a = reaches(&store, &cluster, written.last(), &set).await;
+    assert_eq!(a.broken, None);
+    set.shutdown().await;
+}
