@@ -82,6 +82,16 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no backup store configured (--backup-url)".into(),
             }),
         },
+        Step::SnapshotNow { request, .. } => match &jobs.backups {
+            Some(rounds) => {
+                rounds.snapshot_now(*request);
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
         Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
             Some(duty) => {
                 duty.offer(id, survivor);
@@ -191,6 +201,15 @@ fn log(outcome: &Outcome) {
             tracing::warn!(member_id = %format!("{id:x}"), ordinal, %error, "scale-in: removal failed; retrying");
         }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
+        Outcome::Done(Step::SnapshotNow { ordinal, .. }) => {
+            tracing::info!(
+                ordinal,
+                "scale-in: taking a snapshot before the member of this ordinal is removed"
+            );
+        }
+        Outcome::Failed(Step::SnapshotNow { ordinal, .. }, error) => {
+            tracing::warn!(ordinal, %error, "scale-in: the snapshot before the removal could not be started; the member is not removed");
+        }
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
@@ -214,6 +233,7 @@ fn log(outcome: &Outcome) {
         Outcome::Moot(
             Step::RemoveLearner { .. }
             | Step::BackupRound
+            | Step::SnapshotNow { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
@@ -223,6 +243,7 @@ fn log(outcome: &Outcome) {
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
             | Step::BackupRound
+            | Step::SnapshotNow { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }
