@@ -472,9 +472,12 @@ sidecar = ["etcd_steward_member_role", "etcd_steward_leader_present", "etcd_stew
            "etcd_steward_backup_drill_failures_total",
            "etcd_steward_defrag_total", "etcd_steward_defrag_failures_total",
            "etcd_steward_defrag_last_freed_bytes", "etcd_steward_nospace_alarm",
-           "etcd_steward_nospace_disarmed_total", "etcd_steward_certificate_expiry_timestamp_seconds"]
+           "etcd_steward_nospace_disarmed_total", "etcd_steward_certificate_expiry_timestamp_seconds",
+           "etcd_steward_archive_last_revision", "etcd_steward_archive_lag_seconds",
+           "etcd_steward_archive_segments_total", "etcd_steward_archive_failures_total",
+           "etcd_steward_archive_breaks_total"]
 etcd = ["etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes", "etcd_server_quota_backend_bytes",
-        "etcd_server_has_leader", "etcd_server_leader_changes_seen_total",
+        "etcd_server_has_leader", "etcd_server_is_leader", "etcd_server_leader_changes_seen_total",
         "etcd_disk_wal_fsync_duration_seconds_bucket", "etcd_disk_backend_commit_duration_seconds_bucket"]
 known = set(sidecar + etcd)
 exprs = [r["expr"] for g in source_rules["groups"] for r in g["rules"]]

@@ -539,6 +539,9 @@ pub struct VersionFacts {
     /// Whether a peer still on etcd 3.4 has authentication on, asked (without credentials)
     /// only when this binary is 3.5 or newer; `None` when not asked or it did not say.
     pub auth_on_3_4: Option<bool>,
+    /// With backups, asked only when this binary would be the first of a newer minor release:
+    /// the age in seconds of the store's newest verified snapshot (`Ok(None)`: none).
+    pub snapshot_age: Option<Result<Option<u64>, String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -634,10 +637,11 @@ pub enum ActionKind {
     Wait,
     Recover,
     UpdatePeerUrls,
+    Snapshot,
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 9] = [
+    pub const ALL: [ActionKind; 10] = [
         ActionKind::Restart,
         ActionKind::Bootstrap,
         ActionKind::Join,
@@ -647,6 +651,7 @@ impl ActionKind {
         ActionKind::Wait,
         ActionKind::Recover,
         ActionKind::UpdatePeerUrls,
+        ActionKind::Snapshot,
     ];
 
     /// The name users see in logs, metrics and `init --dry-run`.
@@ -661,6 +666,7 @@ impl ActionKind {
             ActionKind::Wait => "wait",
             ActionKind::Recover => "recover",
             ActionKind::UpdatePeerUrls => "update-peer-urls",
+            ActionKind::Snapshot => "snapshot",
         }
     }
 }

@@ -2089,7 +2089,18 @@ mod invariants {
         )
     }
 
-    /// Mostly nothing known (which holds nothing); sometimes releases that may hold a start.
+    /// The store's newest verified snapshot as `init` sees it before a newer minor release.
+    fn snapshot_age() -> impl Strategy<Value = Result<Option<u64>, String>> {
+        prop_oneof![
+            Just(Ok(None)),
+            (0u64..120).prop_map(|a| Ok(Some(a))),
+            Just(Err("the store does not answer".to_string())),
+        ]
+    }
+
+    /// Mostly nothing known (which holds nothing); sometimes releases that may hold a start,
+    /// or a rolling upgrade's first pod on a newer minor release (with backups: a snapshot
+    /// first).
     fn versions() -> impl Strategy<Value = VersionFacts> {
         let peer =
             (0u32..4, release(), prop::option::of(release())).prop_map(|(o, server, cluster)| {
@@ -2105,12 +2116,24 @@ mod invariants {
                 prop::option::of(release()),
                 prop::collection::vec(peer, 0..3),
                 prop::option::of(any::<bool>()),
+                prop::option::of(snapshot_age()),
             )
-                .prop_map(|(binary, peers, auth_on_3_4)| VersionFacts {
+                .prop_map(|(binary, peers, auth_on_3_4, snapshot_age)| VersionFacts {
                     binary,
                     peers,
                     auth_on_3_4,
+                    snapshot_age,
                 }),
+            1 => snapshot_age().prop_map(|age| VersionFacts {
+                binary: Some(EtcdVersion { major: 3, minor: 5, patch: 30 }),
+                peers: vec![PeerVersion {
+                    name: pod(1),
+                    server: EtcdVersion { major: 3, minor: 4, patch: 23 },
+                    cluster: Some(EtcdVersion { major: 3, minor: 4, patch: 0 }),
+                }],
+                auth_on_3_4: Some(false),
+                snapshot_age: Some(age),
+            }),
         ]
     }
 
@@ -2586,6 +2609,7 @@ mod invariants {
             "left",
             "update-peer-urls",
             "recover",
+            "snapshot",
             "wait",
         ]
         .into_iter()
@@ -2644,6 +2668,7 @@ mod invariants {
             "OwnNameNotPublished",
             "OwnNameFails",
             "VersionHeld",
+            "SnapshotBeforeUpgrade",
         ]
         .into_iter()
         .collect();
@@ -2853,6 +2878,7 @@ mod invariants {
             // Updating the peer URL of this volume's own member (listed by its ID) keeps
             // the member: no member is added or removed. A forced start (`Recover`) runs
             // this volume's own data; when it may happen is the recovery properties' rule.
+            // A snapshot before a newer minor release only reads the cluster.
             let own_entry_updated = match (&d.action, f.data.wal_identity()) {
                 (Action::UpdatePeerUrls { member, .. }, Some(w)) => *member == w.member_id,
                 _ => false,
@@ -2860,7 +2886,11 @@ mod invariants {
             prop_assert!(
                 matches!(
                     d.action,
-                    Action::Restart | Action::SetAside { .. } | Action::Wait | Action::Recover { .. }
+                    Action::Restart
+                        | Action::SetAside { .. }
+                        | Action::Wait
+                        | Action::Recover { .. }
+                        | Action::Snapshot { .. }
                 ) || own_entry_updated,
                 "{:?}: {}", d.action, d.reason()
             );
@@ -3066,6 +3096,7 @@ fn versions(
             })
             .collect(),
         auth_on_3_4: None,
+        snapshot_age: None,
     }
 }
 
@@ -3101,6 +3132,82 @@ fn a_rolling_upgrade_one_minor_up_restarts() {
         ..restarting_member()
     };
     assert_eq!(decide(&f).action, Action::Restart);
+}
+
+/// With backups, the first pod on a newer minor release starts only once the store holds a
+/// verified snapshot under a minute old: otherwise it takes one through the member that
+/// answered, or, when the store cannot be listed, waits saying so.
+#[test]
+fn with_backups_the_first_member_of_a_newer_minor_release_starts_after_a_fresh_snapshot() {
+    let upgrade = |age: Option<Result<Option<u64>, String>>| Facts {
+        versions: VersionFacts {
+            snapshot_age: age,
+            ..versions(release(3, 5, 30), release(3, 4, 23), Some(release(3, 4, 0)))
+        },
+        ..restarting_member()
+    };
+    let source = match &restarting_member().cluster {
+        ClusterFacts::Healthy(v) => v.source.clone(),
+        ClusterFacts::NotReached { .. } => unreachable!(),
+    };
+    for age in [Ok(None), Ok(Some(61)), Ok(Some(1800))] {
+        let d = decide(&upgrade(Some(age.clone())));
+        assert_eq!(
+            d.action,
+            Action::Snapshot {
+                via: source.clone()
+            },
+            "{age:?}: {}",
+            d.reason()
+        );
+        assert!(
+            d.reason()
+                .contains("the first member of 3.5 while the cluster runs 3.4")
+                && d.reason().contains("decided: restart"),
+            "{}",
+            d.reason()
+        );
+    }
+    assert_eq!(decide(&upgrade(Some(Ok(Some(60))))).action, Action::Restart);
+    let down = decide(&upgrade(Some(Err("connection refused".into()))));
+    assert_waits(
+        &down,
+        &[
+            "the store cannot be listed (connection refused)",
+            "decided: restart",
+        ],
+    );
+    // No cluster answered: nothing to take it through.
+    let alone = Facts {
+        cluster: ClusterFacts::NotReached { tried: vec![] },
+        ..upgrade(Some(Ok(None)))
+    };
+    assert_waits(
+        &decide(&alone),
+        &["no live member answers to take one through"],
+    );
+    // Without backups (not asked), or once a peer runs 3.5 (not the first): no snapshot.
+    assert_eq!(decide(&upgrade(None)).action, Action::Restart);
+    let second = Facts {
+        versions: VersionFacts {
+            snapshot_age: Some(Ok(None)),
+            peers: vec![
+                PeerVersion {
+                    name: pod(0),
+                    server: release(3, 4, 23),
+                    cluster: Some(release(3, 4, 0)),
+                },
+                PeerVersion {
+                    name: pod(2),
+                    server: release(3, 5, 30),
+                    cluster: Some(release(3, 4, 0)),
+                },
+            ],
+            ..versions(release(3, 5, 30), release(3, 4, 23), Some(release(3, 4, 0)))
+        },
+        ..restarting_member()
+    };
+    assert_eq!(decide(&second).action, Action::Restart);
 }
 
 #[test]
@@ -3146,6 +3253,7 @@ fn a_restart_with_data_is_not_held_by_silent_peers_or_an_unknown_binary() {
             binary: Some(release(3, 4, 23)),
             peers: vec![],
             auth_on_3_4: None,
+            snapshot_age: None,
         },
         ..facts()
     };

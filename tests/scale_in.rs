@@ -218,6 +218,166 @@ async fn scale_in_3_5_current() {
     scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(Etcd::V3_5Current).await;
 }
 
+/// Stops the drills' throw-away etcds of a set when a scenario ends (the harness SIGKILLs
+/// sidecars; a drill's etcd would outlive its sidecar). Declared before the set, so it runs
+/// after the set's own clean-up.
+struct DrillReaper(Option<std::path::PathBuf>);
+
+impl Drop for DrillReaper {
+    fn drop(&mut self) {
+        let Some(root) = &self.0 else { return };
+        let pattern = format!("data-dir={}/scratch-", root.display());
+        let Ok(out) = std::process::Command::new("pgrep")
+            .args(["-f", &pattern])
+            .output()
+        else {
+            return;
+        };
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", pid])
+                .status();
+        }
+    }
+}
+
+/// The store's verified snapshots' (Unix time, revision), any order; nothing when it cannot
+/// be listed.
+async fn snapshots(url: &str) -> Vec<(u64, i64)> {
+    use etcd_steward::backup::{catalog, store::Store};
+    let store = Store::open(url).unwrap();
+    catalog::list(&store)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| m.verified)
+        .map(|m| (m.time_unix, m.revision))
+        .collect()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// With `--backup-url`, spec.replicas 3 → 2: while the store cannot be written the leader
+/// does not remove ordinal 2, and says why; once it can, a snapshot taken after the removal
+/// was decided is in the store when the member goes.
+async fn with_backups_a_member_is_removed_only_after_a_fresh_snapshot(etcd: Etcd) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let url = format!("file://{}", store.display());
+    let api = FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", SERVICE)
+        .await
+        .unwrap();
+    api.set(3, &[0, 1, 2]);
+    let mut reaper = DrillReaper(None);
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    reaper.0 = Some(set.root().to_path_buf());
+    let mut sidecar_args = vec![
+        "--scale-in".to_string(),
+        "--scale-in-interval=1s".into(),
+        format!("--kube-api-url=http://{}", api.addr()),
+        "--kube-token-file=/nonexistent/token".into(),
+        format!("--backup-url={url}"),
+        // One periodic snapshot (the first) and no other during the scenario.
+        "--backup-interval=1h".into(),
+        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
+        format!(
+            "--backup-scratch-dir={}/scratch-{{ordinal}}",
+            set.root().display()
+        ),
+    ];
+    sidecar_args.extend(harness::etcd::jump_args(&etcd.offline_tool()));
+    for o in 0..3 {
+        set.set_dns(o, true).unwrap();
+        set.extra_args = sidecar_args.clone();
+        set.start_sidecar(o).unwrap();
+        set.extra_args = Vec::new();
+        set.start_init(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    harness::wait_for_or(
+        WAIT,
+        "the first periodic snapshot in the store",
+        || async { !snapshots(&url).await.is_empty() },
+        || set.dump(),
+    )
+    .await;
+
+    // The store cannot be written (a file where its directory was); spec.replicas 3 → 2
+    // and pod 2 gone: ordinal 2 is not removed, and the leader says why.
+    let away = dir.path().join("store.away");
+    std::fs::rename(&store, &away).unwrap();
+    std::fs::write(&store, "not a directory").unwrap();
+    let decided_after = unix_now();
+    api.set(2, &[0, 1]);
+    set.kill(2).await.unwrap();
+    tokio::time::sleep(QUIET * 3).await;
+    assert_eq!(
+        ordinals(&set, &set.members(0).await.unwrap()),
+        [0, 1, 2],
+        "removed without a snapshot\n{}",
+        set.dump()
+    );
+    let said = |o: u32| {
+        set.read_logs(o, "sidecar").lines().any(|l| {
+            l.contains("the member is not removed yet") && l.contains("no snapshot could be taken")
+        })
+    };
+    assert!(
+        said(0) || said(1),
+        "the leader says why ordinal 2 waits\n{}",
+        set.dump()
+    );
+
+    // The store is back: a snapshot newer than the decision, then the removal.
+    std::fs::remove_file(&store).unwrap();
+    std::fs::rename(&away, &store).unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let members = set.members(0).await.unwrap();
+        if ordinals(&set, &members) == [0, 1] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ordinal 2 removed within {WAIT:?}\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fresh: Vec<(u64, i64)> = snapshots(&url)
+        .await
+        .into_iter()
+        .filter(|(t, _)| *t >= decided_after)
+        .collect();
+    assert!(
+        !fresh.is_empty(),
+        "no snapshot taken after the removal was decided is in the store when ordinal 2 is gone: {:?}\n{}",
+        snapshots(&url).await,
+        set.dump()
+    );
+    harness::wait_for_or(
+        WAIT,
+        "pods 0 and 1 serve linearizable reads as two voters",
+        || set.all_linearizable(&[0, 1], 2),
+        || set.dump(),
+    )
+    .await;
+    assert_eq!(set.count_keys_on(1, "k/").await.unwrap(), 20);
+    drop(api);
+    set.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_in_with_backups_3_5() {
+    with_backups_a_member_is_removed_only_after_a_fresh_snapshot(Etcd::V3_5).await;
+}
+
 /// A TLS front for `FakeKube`: terminates TLS with `cert`/`key` and passes the bytes on.
 async fn tls_front(
     backend: std::net::SocketAddr,

@@ -1,7 +1,8 @@
 //! Upgrades against real etcd on loopback pods: a rolling upgrade 3.4.23 → 3.5.30 under
 //! writes (no acknowledged write lost, every voter on 3.5 at the end), and a downgrade
 //! attempt (a 3.4.23 binary into a 3.5 cluster) that waits with its reason instead of
-//! crash-looping while the cluster keeps serving.
+//! crash-looping while the cluster keeps serving. With backups, a snapshot of the 3.4
+//! cluster is stored before the first 3.5 member starts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -214,6 +215,88 @@ async fn a_3_5_binary_beside_3_4_members_with_auth_on_waits_until_auth_is_disabl
         .unwrap();
     root.auth_disable().await.unwrap();
     back_on(&mut set, 2, "3.5.30").await;
+    assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 30);
+    set.shutdown().await;
+}
+
+/// Starts pod `o`: its sidecar without options of its own, its init with `init_args`.
+fn start_with(set: &mut Set, o: u32, init_args: &[String]) {
+    set.set_dns(o, true).unwrap();
+    set.extra_args = Vec::new();
+    set.start_sidecar(o).unwrap();
+    set.extra_args = init_args.to_vec();
+    set.start_init(o).unwrap();
+    set.extra_args = Vec::new();
+}
+
+/// The store's verified snapshots: (Unix time, etcd release of the member it came from).
+async fn stored(url: &str) -> Vec<(u64, String)> {
+    use etcd_steward::backup::{catalog, store::Store};
+    let store = Store::open(url).unwrap();
+    catalog::list(&store)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.verified)
+        .map(|m| (m.time_unix, m.etcd_version))
+        .collect()
+}
+
+/// With `--backup-url`, the first pod restarted on 3.5.30 takes a snapshot of the cluster
+/// (still at 3.4) through a live member before its etcd starts, and the next pod (3.5
+/// already runs) takes none. Only `init` gets the store: a sidecar's periodic snapshot
+/// taken less than a minute before would count as fresh, and this scenario is about init's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_backups_a_snapshot_of_the_3_4_cluster_is_stored_before_the_first_3_5_member_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("store").display());
+    let mut init_args = vec![format!("--backup-url={url}")];
+    init_args.extend(harness::etcd::jump_args(&Etcd::V3_4.offline_tool()));
+    let mut set = Set::new(STEWARD, Etcd::V3_4, 3).await.unwrap();
+    for o in 0..3 {
+        start_with(&mut set, o, &init_args);
+    }
+    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    set.put_keys("k", 30).await.unwrap();
+    harness::wait_for_or(
+        WAIT,
+        "the cluster version settled at 3.4",
+        || async { cluster_version(&set, 0).await.as_deref() == Some("3.4.0") },
+        || set.dump(),
+    )
+    .await;
+    assert_eq!(stored(&url).await, vec![], "no snapshot before the upgrade");
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    set.kill(2).await.unwrap();
+    set.set_pod_etcd(2, Etcd::V3_5Current);
+    start_with(&mut set, 2, &init_args);
+    back_on(&mut set, 2, "3.5.30").await;
+    let taken = stored(&url).await;
+    assert!(
+        taken.len() == 1 && taken[0].0 >= before && taken[0].1.starts_with("3.4."),
+        "one snapshot of a 3.4 member taken at the upgrade: {taken:?}\n{}",
+        set.dump()
+    );
+    // Taken before etcd 3.5 started: this start decided `snapshot` before its first
+    // `restart` (etcd restarted later, as kubelet would, restarts on its data).
+    let decided = harness::logs::decisions(&set.read_logs(2, "init"));
+    let first_start = decided.iter().position(|d| d == "restart");
+    assert!(
+        first_start.is_some_and(|i| decided[..i].contains(&"snapshot".to_string())),
+        "pod 2's decisions at its upgrade: {decided:?}\n{}",
+        set.dump()
+    );
+
+    // The second pod on 3.5: 3.5 already runs beside it, no snapshot.
+    set.kill(1).await.unwrap();
+    set.set_pod_etcd(1, Etcd::V3_5Current);
+    start_with(&mut set, 1, &init_args);
+    back_on(&mut set, 1, "3.5.30").await;
+    assert_eq!(stored(&url).await.len(), 1, "{}", set.dump());
     assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 30);
     set.shutdown().await;
 }

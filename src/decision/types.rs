@@ -110,6 +110,9 @@ pub enum Action {
     /// The cluster lists this member under another peer URL (the service renamed, peer TLS
     /// switched on): ask `via` to update it (MemberUpdate); the member keeps its ID and data.
     UpdatePeerUrls { member: u64, via: Endpoint },
+    /// Take a snapshot of the cluster through `via` into the backup store (before this pod
+    /// starts the first member of a newer etcd minor release); then look again.
+    Snapshot { via: Endpoint },
 }
 
 impl Action {
@@ -124,6 +127,7 @@ impl Action {
             Action::Wait => ActionKind::Wait,
             Action::Recover { .. } => ActionKind::Recover,
             Action::UpdatePeerUrls { .. } => ActionKind::UpdatePeerUrls,
+            Action::Snapshot { .. } => ActionKind::Snapshot,
         }
     }
 
@@ -302,6 +306,14 @@ pub enum Why {
         hold: Hold,
         then: Box<Decision>,
     },
+    /// This pod would start the first member of a newer minor release, and with backups the
+    /// store holds no fresh snapshot of the cluster yet: `state` says what it holds.
+    SnapshotBeforeUpgrade {
+        binary: EtcdVersion,
+        cluster: EtcdVersion,
+        state: String,
+        then: Box<Decision>,
+    },
 }
 
 /// Identifies a [`Why`] variant, whatever its fields: what the back-off keys on.
@@ -331,7 +343,8 @@ impl Why {
             Why::NoProofYet { blockers, .. } => blockers.len(),
             Why::OwnNameNotPublished { then, .. }
             | Why::OwnNameFails { then, .. }
-            | Why::VersionHeld { then, .. } => then.why.outstanding(),
+            | Why::VersionHeld { then, .. }
+            | Why::SnapshotBeforeUpgrade { then, .. } => then.why.outstanding(),
             _ => 0,
         }
     }
@@ -379,6 +392,7 @@ impl std::fmt::Display for Why {
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
             Why::VersionHeld { hold, then } => write!(f, "{hold} (decided: {}, {})", then.action.name(), then.why),
+            Why::SnapshotBeforeUpgrade { binary, cluster, state, then } => write!(f, "etcd {binary} would start the first member of {} while the cluster runs {}: with --backup-url a snapshot of the cluster is taken first, and {state} (decided: {}, {})", minor(binary), minor(cluster), then.action.name(), then.why),
         }
     }
 }

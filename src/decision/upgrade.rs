@@ -7,7 +7,7 @@
 //! that did not answer, hold nothing. A member restarting on its own data must not be held
 //! by silence (etcd itself still refuses an incompatible cluster once it hears from it).
 
-use crate::facts::{EtcdVersion, Facts, VersionFacts};
+use crate::facts::{ClusterFacts, EtcdVersion, Facts, VersionFacts};
 
 use super::types::{Action, Decision, Hold, Why, SAFE_FOR_3_6};
 
@@ -64,8 +64,75 @@ pub fn hold(v: &VersionFacts) -> Option<Hold> {
     None
 }
 
+/// How old (seconds) the store's newest verified snapshot may be to count as taken before
+/// the first member of a newer minor release starts.
+pub const SNAPSHOT_FRESH: u64 = 60;
+
+/// This binary's release and the cluster version, when this pod would start the first
+/// member of a newer minor release: the binary is ahead of the cluster version a peer
+/// reports, and no peer runs its minor release (or a newer one) yet.
+pub fn first_of_new_minor(v: &VersionFacts) -> Option<(EtcdVersion, EtcdVersion)> {
+    let binary = v.binary?;
+    let key = |x: &EtcdVersion| (x.major, x.minor);
+    let cluster = v.peers.iter().filter_map(|p| p.cluster).max_by_key(key)?;
+    let first = v.peers.iter().all(|p| key(&p.server) < key(&binary));
+    (key(&binary) > key(&cluster) && first).then_some((binary, cluster))
+}
+
+/// With backups, before the first member of a newer minor release starts: the store's
+/// newest verified snapshot must be at most [`SNAPSHOT_FRESH`] old, or one is taken first
+/// through the member that answered (`Action::Snapshot`); with no member to take it
+/// through, or a store that cannot be listed, the start waits. A recovery or a new cluster
+/// is not held (there is no cluster to take a snapshot of), nor a set-aside.
+fn snapshot_first(f: &Facts, d: Decision) -> Decision {
+    let (Some((binary, cluster)), Some(age)) = (
+        first_of_new_minor(&f.versions),
+        f.versions.snapshot_age.as_ref(),
+    ) else {
+        return d;
+    };
+    // What starts etcd, or changes membership for it; a set-aside is followed by a join,
+    // which waits then.
+    if !matches!(
+        d.action,
+        Action::Restart
+            | Action::Join { .. }
+            | Action::Resume { .. }
+            | Action::Replace { .. }
+            | Action::UpdatePeerUrls { .. }
+    ) {
+        return d;
+    }
+    let state = match age {
+        Ok(Some(a)) if *a <= SNAPSHOT_FRESH => return d,
+        Ok(Some(a)) => format!("the store's newest verified snapshot is {a}s old"),
+        Ok(None) => "the store holds no verified snapshot".to_string(),
+        Err(e) => format!("the store cannot be listed ({e}): waiting for it"),
+    };
+    let via = match (&f.cluster, age) {
+        (ClusterFacts::Healthy(view), Ok(_)) => Some(view.source.clone()),
+        _ => None,
+    };
+    let state = match (&via, age) {
+        (None, Ok(_)) => {
+            format!("{state}, and no live member answers to take one through: waiting")
+        }
+        _ => state,
+    };
+    Decision {
+        action: via.map_or(Action::Wait, |via| Action::Snapshot { via }),
+        why: Why::SnapshotBeforeUpgrade {
+            binary,
+            cluster,
+            state,
+            then: Box::new(d),
+        },
+    }
+}
+
 /// Holds any decision that would start etcd (or change membership or the volume for it)
-/// while this binary may not join; a wait stays that wait.
+/// while this binary may not join, or, with backups, until a fresh snapshot exists before
+/// the first member of a newer minor release starts; a wait stays that wait.
 pub fn gate(f: &Facts, d: Decision) -> Decision {
     if matches!(d.action, Action::Wait) {
         return d;
@@ -78,7 +145,7 @@ pub fn gate(f: &Facts, d: Decision) -> Decision {
                 then: Box::new(d),
             },
         },
-        None => d,
+        None => snapshot_first(f, d),
     }
 }
 
@@ -104,6 +171,7 @@ mod tests {
                 })
                 .collect(),
             auth_on_3_4: None,
+            snapshot_age: None,
         }
     }
 
@@ -213,6 +281,7 @@ mod tests {
         let mixed = [("3.4.23", Some("3.4.0")), ("3.5.30", Some("3.4.0"))];
         let with = |auth| VersionFacts {
             auth_on_3_4: auth,
+            snapshot_age: None,
             ..peers("3.5.30", &mixed)
         };
         let held = hold(&with(Some(true))).map(|h| h.to_string());

@@ -60,6 +60,9 @@ pub enum ActError {
     /// store to restore it from.
     #[error("snapshot {name} cannot be restored: {why}")]
     SnapshotMissing { name: String, why: &'static str },
+    /// The snapshot before the first member of a newer minor release starts.
+    #[error("snapshot through {via} before etcd starts the new minor release: {detail}")]
+    Snapshot { via: String, detail: String },
     #[error("{action} through {via}: {source}")]
     Membership {
         action: ActionKind,
@@ -214,6 +217,11 @@ pub async fn act<C: Connector>(
             }
             Ok(Next::LookAgain(Pause::Now))
         }
+        Action::Snapshot { via } => {
+            snapshot_through(cfg, world.store, via).await?;
+            record(dir, facts, d, now)?;
+            Ok(Next::LookAgain(Pause::Now))
+        }
         Action::Join { via } | Action::Replace { via, .. } | Action::UpdatePeerUrls { via, .. } => {
             let failed = |source| ActError::Membership {
                 action: d.action.kind(),
@@ -245,6 +253,55 @@ pub async fn act<C: Connector>(
             Ok(Next::LookAgain(Pause::Now))
         }
     }
+}
+
+/// How long the snapshot before a new minor release may take.
+const SNAPSHOT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Takes a snapshot of the cluster through the member at `via` into `store`, checked as the
+/// sidecar's are (an unverified one is an error: it stays in the store, marked, and counts
+/// for nothing), within [`SNAPSHOT_LIMIT`].
+async fn snapshot_through(
+    cfg: &Config,
+    store: Option<&Store>,
+    via: &crate::facts::Endpoint,
+) -> Result<(), ActError> {
+    use crate::backup::snapshot::{self, EtcdSource, EtcdTarget};
+    let failed = |detail: String| ActError::Snapshot {
+        via: via.host.clone(),
+        detail,
+    };
+    let store = store.ok_or_else(|| failed("no backup store configured (--backup-url)".into()))?;
+    let target = EtcdTarget {
+        host: via.host.clone(),
+        ip: via.ip,
+        port: cfg.identity.client_port,
+        tls: cfg.etcd.tls.clone(),
+        auth: cfg.etcd.auth.clone(),
+    };
+    let take = async {
+        let source = EtcdSource::connect(&target)
+            .await
+            .map_err(|e| e.to_string())?;
+        snapshot::take(&source, store, std::time::SystemTime::now())
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let m = tokio::time::timeout(SNAPSHOT_LIMIT, take)
+        .await
+        .map_err(|_| failed(format!("no snapshot within {}s", SNAPSHOT_LIMIT.as_secs())))?
+        .map_err(failed)?;
+    if !m.verified {
+        return Err(failed(format!(
+            "snapshot {} is stored but not verified: {}",
+            m.name,
+            m.unverified_reason
+                .as_deref()
+                .unwrap_or("no reason recorded")
+        )));
+    }
+    tracing::info!(snapshot = %m.name, revision = m.revision, etcd_version = %m.etcd_version, via = %via.host, "snapshot of the cluster taken before the first member of a newer minor release starts");
+    Ok(())
 }
 
 /// What a failed download says about the snapshot, when it says something that holds until

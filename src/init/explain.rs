@@ -114,7 +114,7 @@ pub fn decision_json(f: &Facts, d: &Decision) -> Value {
         Action::Resume { member_id, .. } => out["member_id"] = json!(format!("{member_id:x}")),
         Action::Replace { stale, .. } => out["stale_member_id"] = json!(format!("{:x}", stale.id)),
         Action::SetAside { why } => out["set_aside"] = json!(why),
-        Action::Join { via } => out["via"] = json!(via.host),
+        Action::Join { via } | Action::Snapshot { via } => out["via"] = json!(via.host),
         Action::UpdatePeerUrls { member, via } => {
             out["member_id"] = json!(format!("{member:x}"));
             out["via"] = json!(via.host);

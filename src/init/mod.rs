@@ -98,6 +98,17 @@ where
         facts.versions.binary = binary;
         facts.versions.auth_on_3_4 =
             crate::observe::auth_on_3_4(&connector, &cfg.identity, &facts).await;
+        // With backups, only when this pod would start the first member of a newer minor
+        // release: how old the store's newest verified snapshot is.
+        facts.versions.snapshot_age = match (
+            &store,
+            crate::decision::upgrade::first_of_new_minor(&facts.versions),
+        ) {
+            (Some(store), Some(_)) => {
+                Some(crate::observe::newest_snapshot_age(store, unix_now()).await)
+            }
+            _ => None,
+        };
         let d = decide(&facts);
         explain::log(&facts, &d, round);
         if init.dry_run {

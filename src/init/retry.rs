@@ -38,6 +38,9 @@ pub fn policy(e: &ActError) -> Retry {
             RestoreError::Store(_) | RestoreError::Checksum { .. } | RestoreError::Decrypt(_),
         )
         | ActError::SnapshotMissing { .. } => Retry::Backoff,
+        // The snapshot before a new minor release: the store or the member did not answer;
+        // etcd does not start without it (said in the waiting note), tried again.
+        ActError::Snapshot { .. } => Retry::After(SNAPSHOT_RETRY),
         // etcd's restore tool cannot run, or refuses the snapshot: it fails the same way at
         // every try, so a restart would only loop. Wait, saying why at every round, until
         // an operator fixes the tool (or the store): never an empty cluster instead.
@@ -53,6 +56,10 @@ pub fn policy(e: &ActError) -> Retry {
         },
     }
 }
+
+/// After a failed snapshot before a new minor release: long enough not to hammer a store
+/// that is down, short next to an upgrade.
+pub const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 
 /// The back-off between rounds that wait: from 50 ms (peers started together answer within
 /// a few rounds) up to 5 s (a long wait costs its peers and DNS little), with jitter;

@@ -33,3 +33,14 @@ pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
         },
     }
 }
+
+/// How old (seconds, at `now`) the store's newest verified snapshot is; `None` when it holds
+/// none; the error when it cannot be listed.
+pub async fn newest_snapshot_age(store: &Store, now: u64) -> Result<Option<u64>, String> {
+    let all = catalog::list(store).await.map_err(|e| e.to_string())?;
+    Ok(all
+        .iter()
+        .filter(|m| m.verified)
+        .map(|m| now.saturating_sub(m.time_unix))
+        .min())
+}

@@ -12,7 +12,7 @@ mod backups;
 mod reports;
 mod versions;
 
-pub use backups::list_backups;
+pub use backups::{list_backups, newest_snapshot_age};
 pub use reports::{fetch_report, HttpReports, PeerReports, ReportError};
 pub use versions::{auth_on_3_4, binary_version, parse_peer_version};
 

@@ -204,12 +204,10 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
         Box::new(plan::peer_url::PeerUrl::default()),
     ];
     if let Some(interval) = cfg.scale_in {
-        planners.push(Box::new(plan::scale_in::ScaleIn::new(
-            cfg.identity.clone(),
-            cfg.replicas,
-            interval,
-            registry,
-        )));
+        planners.push(Box::new(
+            plan::scale_in::ScaleIn::new(cfg.identity.clone(), cfg.replicas, interval, registry)
+                .guarded(cfg.backup.is_some()),
+        ));
     }
     if let Some(b) = &cfg.backup {
         planners.push(Box::new(plan::backup::Backup::new(b.interval)));

@@ -15,6 +15,7 @@ use crate::backup::Backups;
 use crate::config::Config;
 use crate::sidecar::http::metrics::{OptionalGauge, OptionalSeconds};
 pub use crate::sidecar::plan::observation::RoundEnd;
+use crate::sidecar::plan::snapshot_guard::TAKE_LIMIT;
 use crate::sidecar::plan::{Outcome, Step};
 
 /// How a round ended, and what it counted (failures) and measured (the values it set).
@@ -73,6 +74,35 @@ impl BackupRounds {
         });
     }
 
+    /// Takes one snapshot now from the local member, in its own task (request `request` of
+    /// `plan::snapshot_guard`), given up after `TAKE_LIMIT`; it ends as
+    /// [`RoundEnd::Requested`]. No prune, no drill: the next round does both.
+    pub fn snapshot_now(&self, request: u64) {
+        let backups = self.backups.clone();
+        let target = self.target.clone();
+        let tx = self.ended_tx.clone();
+        tokio::spawn(async move {
+            let mut metrics = BackupMetrics::default();
+            let taken =
+                match tokio::time::timeout(TAKE_LIMIT, snapshot(backups, target, &mut metrics))
+                    .await
+                {
+                    Ok(taken) => taken,
+                    Err(_) => {
+                        metrics.snapshot_failed(TAKE_LIMIT);
+                        Err(format!(
+                            "the snapshot took longer than {}s",
+                            TAKE_LIMIT.as_secs()
+                        ))
+                    }
+                };
+            let _ = tx.send(RoundReport {
+                end: RoundEnd::Requested { request, taken },
+                metrics,
+            });
+        });
+    }
+
     /// The rounds that ended since the last call, their reports exported; logs a failure
     /// once while it repeats.
     pub fn ended(&mut self) -> Vec<RoundEnd> {
@@ -94,6 +124,22 @@ impl BackupRounds {
         let error = match end {
             RoundEnd::Failed { error, .. } => Some(error),
             RoundEnd::Ran { take_error, .. } => take_error.as_ref(),
+            RoundEnd::Requested { request, taken } => {
+                match taken {
+                    Ok((time, revision)) => {
+                        tracing::info!(
+                            request,
+                            snapshot_unix = time,
+                            revision,
+                            "snapshot taken before a risky act"
+                        )
+                    }
+                    Err(error) => {
+                        tracing::warn!(request, %error, "the snapshot before a risky act failed; counted in etcd_steward_backup_failures_total; the act waits")
+                    }
+                }
+                return;
+            }
         };
         match (error, &self.failing) {
             (Some(e), Some(before)) if e == before => {
@@ -118,6 +164,33 @@ fn failed(mut metrics: BackupMetrics, took: Duration, error: String) -> RoundRep
         end: RoundEnd::Failed { error },
         metrics,
     }
+}
+
+/// One snapshot: connect to the local member, then `Backups::take_now` (verified, or an
+/// error); its Unix time and revision. Counted in `metrics` either way.
+async fn snapshot(
+    backups: Result<Backups, String>,
+    target: EtcdTarget,
+    metrics: &mut BackupMetrics,
+) -> Result<(u64, i64), String> {
+    let started = tokio::time::Instant::now();
+    let taken = async {
+        let source = EtcdSource::connect(&target)
+            .await
+            .map_err(|e| e.to_string())?;
+        let now = SystemTime::now();
+        let m = backups?
+            .take_now(&source, now)
+            .await
+            .map_err(|e| e.to_string())?;
+        metrics.snapshot_taken(&m, started.elapsed(), now);
+        Ok((m.time_unix, m.revision))
+    }
+    .await;
+    if taken.is_err() {
+        metrics.snapshot_failed(started.elapsed());
+    }
+    taken
 }
 
 /// One round: connect to the local member, then `Backups::tick` as leader.
@@ -248,6 +321,10 @@ impl BackupExport {
         // the cluster's last backup at its first round, not nothing until its own.
         if let RoundEnd::Ran {
             newest_verified: Some((time, revision)),
+            ..
+        }
+        | RoundEnd::Requested {
+            taken: Ok((time, revision)),
             ..
         } = report.end
         {

@@ -104,6 +104,16 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "archiving is off (no --backup-url, or --archive-interval=0)".into(),
             }),
         },
+        Step::SnapshotNow { request, .. } => match &jobs.backups {
+            Some(rounds) => {
+                rounds.snapshot_now(*request);
+                Ok(())
+            }
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no backup store configured (--backup-url)".into(),
+            }),
+        },
         Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
             Some(duty) => {
                 duty.offer(id, survivor);
@@ -213,6 +223,15 @@ fn log(outcome: &Outcome) {
             tracing::warn!(member_id = %format!("{id:x}"), ordinal, %error, "scale-in: removal failed; retrying");
         }
         Outcome::Done(Step::BackupRound) => tracing::debug!("backup round started"),
+        Outcome::Done(Step::SnapshotNow { ordinal, .. }) => {
+            tracing::info!(
+                ordinal,
+                "scale-in: taking a snapshot before the member of this ordinal is removed"
+            );
+        }
+        Outcome::Failed(Step::SnapshotNow { ordinal, .. }, error) => {
+            tracing::warn!(ordinal, %error, "scale-in: the snapshot before the removal could not be started; the member is not removed");
+        }
         Outcome::Failed(Step::BackupRound, error) => {
             tracing::warn!(%error, "backup round not started");
         }
@@ -241,6 +260,7 @@ fn log(outcome: &Outcome) {
             Step::RemoveLearner { .. }
             | Step::BackupRound
             | Step::ArchiveRound { .. }
+            | Step::SnapshotNow { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
@@ -251,6 +271,7 @@ fn log(outcome: &Outcome) {
             Step::RemoveLearner { .. }
             | Step::BackupRound
             | Step::ArchiveRound { .. }
+            | Step::SnapshotNow { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }

@@ -48,7 +48,12 @@ impl Backup {
 
 impl Planner for Backup {
     fn plan(&mut self, seen: &Observation) -> Vec<Step> {
-        if !seen.backup_rounds.is_empty() {
+        // A snapshot asked for before a risky act is not a round.
+        if seen
+            .backup_rounds
+            .iter()
+            .any(|r| !matches!(r, RoundEnd::Requested { .. }))
+        {
             self.in_flight = false;
         }
         let leads = seen

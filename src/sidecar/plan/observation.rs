@@ -164,6 +164,12 @@ pub enum RoundEnd {
     /// The round could not run to its end (etcd or the store unreachable, …); the error, as
     /// logged.
     Failed { error: String },
+    /// A snapshot asked for by [`Step::SnapshotNow`] (not a round): its Unix time and
+    /// revision once stored and verified, or why not.
+    Requested {
+        request: u64,
+        taken: Result<(u64, i64), String>,
+    },
 }
 
 /// How an archive round ended, as the loop hands it to the archive planner on a later tick
@@ -251,6 +257,10 @@ pub enum Step {
     /// Remove member `id` of a scaled-away ordinal through the local member (this pod's
     /// member leads; see [`scale_in`]).
     RemoveMember { id: u64, ordinal: u32 },
+    /// Take a snapshot at once, in the background, before removing the member of `ordinal`
+    /// (see `plan::snapshot_guard`); it reports back through the observation of a later
+    /// tick as [`RoundEnd::Requested`] `request`.
+    SnapshotNow { request: u64, ordinal: u32 },
     /// Hand this sidecar the recovery request `id` (survivor `survivor`, this pod) that
     /// `recover --yes` would have handed it (see `plan::auto_recover`).
     OfferRecovery { id: String, survivor: String },

@@ -4,6 +4,8 @@
 //! `min(initial size, spec.replicas)` voters, and only while every remaining voter answers:
 //! silence (an API that does not answer, a voter that does not) never removes anything.
 //! [`decide`] is the pure rule; the loop feeds it the API's view and the voters' answers.
+//! With `--backup-url`, a removal also waits for a snapshot taken after it was decided
+//! ([`super::snapshot_guard`]): never a removal without one.
 
 use std::fmt;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 pub use super::observation::{ScaleInSeen, WorkloadSeen, WorkloadState};
+use super::snapshot_guard::{SnapshotGuard, Verdict, Waiting};
 use super::{Observation, Outcome, Planner, Step};
 use crate::facts::MemberInfo;
 use crate::identity::Identity;
@@ -225,6 +228,8 @@ pub struct ScaleIn {
     initial: u32,
     max_age: Duration,
     removals: Counter,
+    /// With `--backup-url`: the snapshot each removal waits for, and the wait last logged.
+    guard: Option<(SnapshotGuard<Removal>, Option<Waiting>)>,
 }
 
 impl ScaleIn {
@@ -246,7 +251,15 @@ impl ScaleIn {
             initial,
             max_age: max_age(interval),
             removals,
+            guard: None,
         }
+    }
+
+    /// With `backups` (`--backup-url`), every removal waits for a fresh snapshot taken after
+    /// it was decided.
+    pub fn guarded(mut self, backups: bool) -> Self {
+        self.guard = backups.then(|| (SnapshotGuard::default(), None));
+        self
     }
 
     /// What [`decide`] says for this observation (the loop asks, to know whether the
@@ -258,18 +271,61 @@ impl ScaleIn {
 
 impl Planner for ScaleIn {
     fn plan(&mut self, seen: &Observation) -> Vec<Step> {
-        match self.decide(seen) {
-            Ok(r) => vec![Step::RemoveMember {
-                id: r.id,
+        if let Some((guard, _)) = &mut self.guard {
+            guard.absorb(&seen.backup_rounds, seen.now);
+        }
+        let Ok(r) = self.decide(seen) else {
+            return Vec::new();
+        };
+        let remove = vec![Step::RemoveMember {
+            id: r.id,
+            ordinal: r.ordinal,
+        }];
+        let Some((guard, said)) = &mut self.guard else {
+            return remove;
+        };
+        match guard.verdict(&r, seen.now, seen.unix) {
+            Verdict::Go {
+                revision,
+                taken_unix,
+            } => {
+                *said = None;
+                tracing::info!(ordinal = r.ordinal, snapshot_revision = revision, snapshot_unix = taken_unix, "scale-in: a snapshot taken after the removal was decided is in the store; removing");
+                remove
+            }
+            Verdict::Ask { request } => vec![Step::SnapshotNow {
+                request,
                 ordinal: r.ordinal,
             }],
-            Err(_) => Vec::new(),
+            Verdict::Wait(w) => {
+                if !said.as_ref().is_some_and(|s| s.same_as(&w)) {
+                    tracing::warn!(ordinal = r.ordinal, member_id = %format!("{:x}", r.id), reason = %w, "scale-in: the member is not removed yet: with --backup-url set, a removal waits for a fresh snapshot");
+                    *said = Some(w);
+                }
+                Vec::new()
+            }
         }
     }
 
     fn learn(&mut self, outcome: &Outcome) {
         if let Outcome::Done(Step::RemoveMember { .. }) = outcome {
             self.removals.inc();
+        }
+    }
+
+    fn learned(&mut self, outcome: &Outcome, at: tokio::time::Instant) {
+        self.learn(outcome);
+        let Some((guard, _)) = &mut self.guard else {
+            return;
+        };
+        match outcome {
+            Outcome::Done(Step::RemoveMember { .. }) | Outcome::Moot(Step::RemoveMember { .. }) => {
+                guard.acted()
+            }
+            Outcome::Failed(Step::SnapshotNow { request, .. }, error) => {
+                guard.not_started(*request, at, error)
+            }
+            _ => {}
         }
     }
 }
@@ -511,5 +567,54 @@ mod tests {
         );
         p.learn(&Outcome::Done(steps[0].clone()));
         assert_eq!(p.removals.get(), 1);
+    }
+
+    #[test]
+    fn with_backups_a_removal_comes_only_after_a_snapshot_asked_once_it_was_decided() {
+        use super::super::observation::RoundEnd;
+        let mut registry = Registry::default();
+        let mut p =
+            ScaleIn::new(identity(), 3, Duration::from_secs(10), &mut registry).guarded(true);
+        let mut s = seen(5, 0, 3, &[0, 1, 2]);
+        s.unix = 1_700_000_000;
+        let ask = p.plan(&s);
+        assert_eq!(
+            ask,
+            vec![Step::SnapshotNow {
+                request: 1,
+                ordinal: 4
+            }]
+        );
+        p.learned(&Outcome::Done(ask[0].clone()), s.now);
+        // The store does not answer: nothing is removed, tick after tick.
+        s.backup_rounds = vec![RoundEnd::Requested {
+            request: 1,
+            taken: Err("store unreachable".into()),
+        }];
+        assert_eq!(p.plan(&s), vec![]);
+        s.backup_rounds.clear();
+        s.now += Duration::from_secs(1);
+        assert_eq!(p.plan(&s), vec![]);
+        // Asked again; this time it is taken: the removal follows.
+        s.now += super::super::snapshot_guard::RETRY_AFTER;
+        s.unix += 16;
+        assert_eq!(
+            p.plan(&s),
+            vec![Step::SnapshotNow {
+                request: 2,
+                ordinal: 4
+            }]
+        );
+        s.backup_rounds = vec![RoundEnd::Requested {
+            request: 2,
+            taken: Ok((s.unix, 99)),
+        }];
+        assert_eq!(
+            p.plan(&s),
+            vec![Step::RemoveMember {
+                id: 104,
+                ordinal: 4
+            }]
+        );
     }
 }
