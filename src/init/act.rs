@@ -186,7 +186,9 @@ pub async fn act<C: Connector>(
                 },
             };
             record(dir, facts, d, now)?;
-            if facts.ordinal != 0 {
+            // A restored member starts on its WAL: etcd asks no peer whether the cluster
+            // is bootstrapped, so there is nothing to wait for.
+            if facts.ordinal != 0 && matches!(mode, StartMode::New { .. }) {
                 wait_for_seed(cfg, facts).await;
             }
             Ok(Next::Exec(mode))
