@@ -935,7 +935,7 @@ async fn agent_restore_in(set: &mut Set, taken: &Taken) -> Result<Restore> {
         done: done.unwrap_or_default(),
         etcd: etcd.unwrap_or_default(),
         fetched: last_pod_log(set, t0_wall, "formation marker written"),
-        restored: last_pod_log(set, t0_wall, "every volume was lost"),
+        restored: last_pod_log(set, t0_wall, "this member is restored from a backup"),
         started: last_pod_log(set, t0_wall, "exec etcd"),
     })
 }

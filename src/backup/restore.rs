@@ -132,7 +132,23 @@ pub async fn fetch_verified(store: &Store, m: &Manifest, dest: &Path) -> Result<
     tokio::fs::rename(&partial, dest)
         .await
         .map_err(io("rename", dest))?;
+    verified().insert(dest.to_path_buf());
     Ok(())
+}
+
+/// The files [`fetch_verified`] wrote and checked in this process. They are not synced
+/// to disk: a crash can leave one torn under its final name, so a file found there by a
+/// later process is not trusted (it is downloaded again).
+fn verified() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<PathBuf>> {
+    static VERIFIED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    VERIFIED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Was `path` downloaded and checked by [`fetch_verified`] in this process (and is it
+/// still there)?
+pub fn verified_here(path: &Path) -> bool {
+    verified().contains(path) && path.exists()
 }
 
 /// Which snapshot to restore, once looked for.
@@ -413,6 +429,26 @@ pub async fn restore(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_snapshot_file_this_process_did_not_download_and_check_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}/s", dir.path().display())).unwrap();
+        let src = super::super::snapshot::FakeSource::new(&[3u8; 5000], 4);
+        let m = super::super::snapshot::take(&src, &store, std::time::SystemTime::UNIX_EPOCH)
+            .await
+            .unwrap();
+        // Left under its final name by an earlier process and torn by a crash (the
+        // download is not synced).
+        let dest = dir.path().join(format!("{}.db", m.name));
+        std::fs::write(&dest, b"torn").unwrap();
+        assert!(!verified_here(&dest));
+        fetch_verified(&store, &m, &dest).await.unwrap();
+        assert!(verified_here(&dest));
+        assert_eq!(std::fs::read(&dest).unwrap(), src.stream);
+        std::fs::remove_file(&dest).unwrap();
+        assert!(!verified_here(&dest), "a file gone is not there to trust");
+    }
 
     #[tokio::test]
     async fn a_restore_tool_that_cannot_run_is_said_once_in_the_error_chain() {

@@ -382,14 +382,15 @@ fn download_path(dir: &Path, name: &str) -> std::path::PathBuf {
     restore::staging_dir(dir).join(format!("{name}.db"))
 }
 
-/// Downloads and checks `manifest`'s snapshot into the volume, unless an earlier round did.
+/// Downloads and checks `manifest`'s snapshot into the volume, unless an earlier round of
+/// this process did (a file left by an earlier process may be torn: it is not synced).
 async fn download(
     store: &Store,
     manifest: &Manifest,
     dir: &Path,
 ) -> Result<std::path::PathBuf, RestoreError> {
     let file = download_path(dir, &manifest.name);
-    if !file.exists() {
+    if !restore::verified_here(&file) {
         restore::create_private_dir(&restore::staging_dir(dir))?;
         restore::fetch_verified(store, manifest, &file).await?;
     }
