@@ -24,6 +24,8 @@ use etcd_steward::backup::{catalog, RestoreChoice};
 #[derive(Debug, Clone, Copy)]
 enum Release {
     V35,
+    /// etcd 3.5.30 (`.tools/etcd-v3.5.30`), the newest 3.5 here.
+    V3530,
     V34,
 }
 
@@ -31,6 +33,9 @@ impl Release {
     fn etcd(self) -> PathBuf {
         match self {
             Release::V35 => Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.1/etcd"),
+            Release::V3530 => {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.30/etcd")
+            }
             Release::V34 => PathBuf::from("/usr/bin/etcd"),
         }
     }
@@ -39,6 +44,9 @@ impl Release {
         match self {
             Release::V35 => EtcdTool::from_bin(
                 Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.1/etcdutl"),
+            ),
+            Release::V3530 => EtcdTool::from_bin(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/etcd-v3.5.30/etcdutl"),
             ),
             Release::V34 => EtcdTool::from_bin("/usr/bin/etcdctl"),
         }
@@ -543,7 +551,7 @@ async fn the_drill_fails_on_a_corrupted_snapshot_and_marks_it_unverified() {
     live.put_keys("/k/", 30).await;
     let store = Store::open(&file_url(work.path())).unwrap();
     let m = take_at(&live, &store, 0).await;
-    flip_a_byte(&work.path().join("store").join(m.db_object()), 5000);
+    flip_a_byte(&work.path().join("store").join(m.db_object()), m.size / 2);
     let source = live.source().await;
     let setup = drill_setup(Release::V34, &work.path().join("scratch"));
     let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
@@ -767,6 +775,7 @@ async fn the_leader_takes_one_snapshot_per_interval_and_a_new_leader_keeps_the_s
         scratch_dir: work.path().join("scratch"),
         restore: RestoreChoice::Latest,
         keys: Default::default(),
+        compression: Default::default(),
     };
     // Two sidecars (two pods) sharing one store.
     let a = Backups::new(&cfg, Release::V35.etcd()).unwrap();
@@ -923,6 +932,11 @@ async fn encrypted_round_trip(url: String, work: &Path) {
         .expect("the manifest says it is encrypted");
     assert_eq!(enc.scheme, "age-x25519");
     assert_eq!(enc.key, key.fingerprint(), "and which key, by fingerprint");
+    assert_eq!(
+        m.compression.as_deref(),
+        Some("zstd"),
+        "compressed, then encrypted"
+    );
     assert!(!serde_json::to_string(&m)
         .unwrap()
         .contains("AGE-SECRET-KEY"));
@@ -1135,4 +1149,246 @@ async fn the_backup_command_encrypts_with_the_key_file_and_generates_keys() {
     let bad = steward(&live, &url, &[&key_arg], &[]);
     assert_eq!(bad.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("key.txt"));
+}
+
+// ---- compression -----------------------------------------------------------------------------
+
+/// zstd's frame magic number, as the first bytes of a compressed object.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Writes `n` keys with 1 KiB values that compress as a Kubernetes object does (repeated
+/// field names around a few varying bytes); returns the last revision.
+async fn put_compressible(live: &Etcd, n: usize) -> i64 {
+    let mut c = live.client().await;
+    let mut rev = 0;
+    for i in 0..n {
+        let value = format!(
+            "{{\"kind\":\"ConfigMap\",\"index\":{i},\"data\":\"{}\"}}",
+            "x".repeat(980)
+        );
+        let r = c.put(format!("/c/{i:05}"), value, None).await.unwrap();
+        rev = r.header().unwrap().revision();
+    }
+    rev
+}
+
+/// A compressed snapshot (the default) taken from `release`, restored into an empty
+/// directory with that release's tool and started, then drilled against the live member.
+async fn compressed_round_trip_and_drill(release: Release) {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(release, "live", &work.path().join("live"), None).await;
+    let rev = put_compressible(&live, 400).await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    assert!(m.verified, "{m:?}");
+    assert_eq!(m.compression.as_deref(), Some("zstd"));
+    let object = std::fs::read(stored_object(work.path(), &m)).unwrap();
+    assert!(object.starts_with(&ZSTD_MAGIC), "the stored object is zstd");
+    assert_eq!(
+        object.len() as u64,
+        m.size,
+        "the manifest's size is the stored object's"
+    );
+    let plain = Store::open(&file_url(&work.path().join("plain")))
+        .unwrap()
+        .with_compression(etcd_steward::backup::compress::Compression::None);
+    let uncompressed = take_at(&live, &plain, 1).await;
+    assert!(
+        m.size * 4 < uncompressed.size,
+        "compressed {} bytes against {} plain",
+        m.size,
+        uncompressed.size
+    );
+    let written = live.keys("/c/").await;
+
+    let source = live.source().await;
+    let setup = drill_setup(release, &work.path().join("scratch"));
+    let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(outcome.passed, "{outcome:?}");
+    assert!(
+        matches!(outcome.hash, HashCheck::Match { revision, .. } if revision == rev),
+        "{outcome:?}"
+    );
+    drop(source);
+    drop(live);
+
+    let data = work.path().join("restored");
+    let peer = free_port();
+    match restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &release.tool(),
+        &member("restored", peer),
+        &data,
+    )
+    .await
+    .unwrap()
+    {
+        RestoreOutcome::Restored { manifest } => assert_eq!(manifest.name, m.name),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    let restored = Etcd::start(release, "restored", &data, Some(peer)).await;
+    assert_eq!(restored.keys("/c/").await, written);
+    assert_eq!(written.len(), 400);
+}
+
+#[tokio::test]
+async fn a_compressed_snapshot_restores_and_drills_with_etcd_3_5_1() {
+    compressed_round_trip_and_drill(Release::V35).await;
+}
+
+#[tokio::test]
+async fn a_compressed_snapshot_restores_and_drills_with_etcd_3_5_30() {
+    compressed_round_trip_and_drill(Release::V3530).await;
+}
+
+#[tokio::test]
+async fn a_compressed_snapshot_restores_with_etcd_3_4() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V34, "live", &work.path().join("live"), None).await;
+    put_compressible(&live, 50).await;
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = take_at(&live, &store, 0).await;
+    assert_eq!(m.compression.as_deref(), Some("zstd"));
+    let written = live.keys("/c/").await;
+    drop(live);
+    let data = work.path().join("restored");
+    let peer = free_port();
+    restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &Release::V34.tool(),
+        &member("restored", peer),
+        &data,
+    )
+    .await
+    .unwrap();
+    let restored = Etcd::start(Release::V34, "restored", &data, Some(peer)).await;
+    assert_eq!(restored.keys("/c/").await, written);
+}
+
+#[tokio::test]
+async fn a_store_written_before_compression_still_restores() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    put_compressible(&live, 50).await;
+    let url = file_url(work.path());
+    // What an agent without compression wrote: the plain database, and a manifest
+    // without the field.
+    let old = Store::open(&url)
+        .unwrap()
+        .with_compression(etcd_steward::backup::compress::Compression::None);
+    let m = take_at(&live, &old, 0).await;
+    let json = std::fs::read_to_string(work.path().join("store").join(m.json_object())).unwrap();
+    assert!(!json.contains("compression"), "{json}");
+    let object = stored_object(work.path(), &m);
+    assert!(!std::fs::read(&object).unwrap().starts_with(&ZSTD_MAGIC));
+    let status = Release::V35.tool().status(&object).await.unwrap();
+    assert!(
+        status.revision > 0,
+        "the stored object is etcd's database as it is"
+    );
+    let written = live.keys("/c/").await;
+    drop(live);
+    // Read by an agent that compresses (the default).
+    let store = Store::open(&url).unwrap();
+    let data = work.path().join("restored");
+    let peer = free_port();
+    match restore::restore(
+        &store,
+        &RestoreChoice::Latest,
+        &Release::V35.tool(),
+        &member("restored", peer),
+        &data,
+    )
+    .await
+    .unwrap()
+    {
+        RestoreOutcome::Restored { manifest } => assert_eq!(manifest.name, m.name),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    let restored = Etcd::start(Release::V35, "restored", &data, Some(peer)).await;
+    assert_eq!(restored.keys("/c/").await, written);
+}
+
+#[tokio::test]
+async fn backup_compression_none_stores_the_plain_database_and_zstd_is_the_default() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    put_compressible(&live, 50).await;
+    let url = file_url(work.path());
+    let take = |extra: &[&str], env: &[(&str, &str)]| -> Manifest {
+        let out = steward(&live, &url, extra, env);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap()
+    };
+    let zstd = take(&[], &[]);
+    assert_eq!(zstd.compression.as_deref(), Some("zstd"));
+    assert!(std::fs::read(stored_object(work.path(), &zstd))
+        .unwrap()
+        .starts_with(&ZSTD_MAGIC));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for (extra, env) in [
+        (&["--backup-compression=none"][..], &[][..]),
+        (&[][..], &[("ETCD_STEWARD_BACKUP_COMPRESSION", "none")][..]),
+    ] {
+        let plain = take(extra, env);
+        assert_eq!(plain.compression, None, "{extra:?} {env:?}");
+        let object = stored_object(work.path(), &plain);
+        Release::V35
+            .tool()
+            .status(&object)
+            .await
+            .unwrap_or_else(|e| panic!("etcdutl reads the stored object as it is: {e}"));
+        assert!(plain.size > zstd.size * 4);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = steward(&live, &url, &["--backup-compression=gzip"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--backup-compression must be zstd or none, got \"gzip\""),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_flipped_byte_in_a_compressed_snapshot_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    put_compressible(&live, 100).await;
+    let url = file_url(work.path());
+    let store = Store::open(&url).unwrap();
+    let mut m = take_at(&live, &store, 0).await;
+    assert_eq!(m.compression.as_deref(), Some("zstd"));
+    let object = stored_object(work.path(), &m);
+    flip_a_byte(&object, m.size / 2);
+    let dest = work.path().join("out.db");
+    // The manifest as written: the stored object differs from it.
+    match restore::fetch_verified(&store, &m, &dest).await {
+        Err(RestoreError::Checksum { name, detail }) => {
+            assert_eq!(name, m.name);
+            assert!(detail.contains("differs from its manifest"), "{detail}");
+        }
+        other => panic!("expected a checksum failure, got {other:?}"),
+    }
+    assert!(!dest.exists() && !dest.with_extension("partial").exists());
+    // The manifest rewritten to match the flipped object (the byte flipped before it was
+    // hashed): zstd's frame or etcd's trailer still refuses it.
+    let bytes = std::fs::read(&object).unwrap();
+    m.sha256 = snapshot::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    match restore::fetch_verified(&store, &m, &dest).await {
+        Err(RestoreError::Checksum { detail, .. }) => assert!(
+            detail.contains("zstd") || detail.contains("trailer"),
+            "{detail}"
+        ),
+        other => panic!("expected a checksum failure, got {other:?}"),
+    }
+    assert!(!dest.exists() && !dest.with_extension("partial").exists());
 }

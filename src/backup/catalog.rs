@@ -110,6 +110,7 @@ mod tests {
             verified,
             unverified_reason: None,
             encryption: None,
+            compression: None,
             drill: None,
         }
     }

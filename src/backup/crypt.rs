@@ -246,9 +246,34 @@ fn decrypt(
     name: &str,
     fingerprint: &str,
     keys: &Keys,
-    input: impl std::io::BufRead,
+    input: impl std::io::BufRead + Send,
     out: &mut impl Write,
 ) -> Result<(), CryptError> {
+    let mut reader = decrypting(name, fingerprint, keys, input)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .map_err(|e| read_error(name, fingerprint, e))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n]).map_err(|e| CryptError::Local {
+            name: name.into(),
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// A reader of the plaintext behind the age stream `input`, opened with whichever of
+/// `keys` it was encrypted to. Its read errors mean what [`read_error`] says.
+pub fn decrypting<'a>(
+    name: &str,
+    fingerprint: &str,
+    keys: &Keys,
+    input: impl std::io::BufRead + Send + 'a,
+) -> Result<Box<dyn Read + Send + 'a>, CryptError> {
     if keys.is_empty() {
         return Err(missing(name, fingerprint));
     }
@@ -257,45 +282,47 @@ fn decrypt(
         fingerprint: fingerprint.into(),
         detail,
     };
-    let local = |e: std::io::Error| CryptError::Local {
-        name: name.into(),
-        detail: e.to_string(),
-    };
     let decryptor = age::Decryptor::new_buffered(input).map_err(|e| match e {
-        age::DecryptError::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => local(e),
+        age::DecryptError::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => {
+            CryptError::Local {
+                name: name.into(),
+                detail: e.to_string(),
+            }
+        }
         e => corrupt(e.to_string()),
     })?;
     let identities: Vec<&dyn age::Identity> = keys
         .all()
         .map(|k| &k.identity as &dyn age::Identity)
         .collect();
-    let mut reader = match decryptor.decrypt(identities.into_iter()) {
-        Ok(r) => r,
-        Err(age::DecryptError::NoMatchingKeys) => {
-            return Err(CryptError::NoKey {
+    match decryptor.decrypt(identities.into_iter()) {
+        Ok(r) => Ok(Box::new(r)),
+        Err(age::DecryptError::NoMatchingKeys) => Err(CryptError::NoKey {
+            name: name.into(),
+            fingerprint: fingerprint.into(),
+            have: keys.fingerprints(),
+        }),
+        Err(e) => Err(corrupt(e.to_string())),
+    }
+}
+
+/// What an error reading a [`decrypting`] reader means: a tampered chunk fails its
+/// authentication tag (InvalidData) or the stream ends early; any other error is reading
+/// the input.
+pub fn read_error(name: &str, fingerprint: &str, e: std::io::Error) -> CryptError {
+    match e.kind() {
+        std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+            CryptError::Corrupt {
                 name: name.into(),
                 fingerprint: fingerprint.into(),
-                have: keys.fingerprints(),
-            })
-        }
-        Err(e) => return Err(corrupt(e.to_string())),
-    };
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // A tampered chunk fails its authentication tag here (InvalidData); any other
-        // error is reading the local file.
-        let n = reader.read(&mut buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
-                corrupt(e.to_string())
+                detail: e.to_string(),
             }
-            _ => local(e),
-        })?;
-        if n == 0 {
-            break;
         }
-        out.write_all(&buf[..n]).map_err(local)?;
+        _ => CryptError::Local {
+            name: name.into(),
+            detail: e.to_string(),
+        },
     }
-    Ok(())
 }
 
 #[cfg(test)]

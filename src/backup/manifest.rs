@@ -38,6 +38,11 @@ pub struct Manifest {
     /// `size` are the stored object's; etcd's trailer proves the plaintext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
+    /// How the database is compressed before any encryption: `zstd`, or absent for the
+    /// plain database (every snapshot taken before compression existed, or with
+    /// `--backup-compression none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// What the last restore drill of this snapshot found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<DrillRecord>,
@@ -132,6 +137,7 @@ pub fn list_line(m: &Manifest) -> serde_json::Value {
         "time": m.time,
         "encrypted": m.encryption.is_some(),
         "key": m.encryption.as_ref().map(|e| e.key.clone()),
+        "compression": m.compression,
         "drill": m.drill.as_ref().map(|d| d.passed),
     })
 }

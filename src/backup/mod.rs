@@ -9,8 +9,10 @@
 
 pub mod archive;
 pub mod catalog;
+pub mod compress;
 pub mod crypt;
 pub mod drill;
+pub mod fetch;
 pub mod manifest;
 pub mod restore;
 pub mod schedule;
@@ -52,6 +54,8 @@ pub struct BackupConfig {
     pub restore: RestoreChoice,
     /// The encryption key (and older keys, for reading).
     pub keys: crypt::Keys,
+    /// How new snapshots are compressed (`--backup-compression`).
+    pub compression: compress::Compression,
 }
 
 use std::time::SystemTime;
@@ -101,7 +105,9 @@ impl Backups {
     /// Opens the store (no network call yet). `etcd_bin` runs the drill's throw-away etcd.
     pub fn new(config: &BackupConfig, etcd_bin: PathBuf) -> Result<Backups, StoreError> {
         Ok(Backups {
-            store: Store::open(&config.url)?.with_keys(config.keys.clone()),
+            store: Store::open(&config.url)?
+                .with_keys(config.keys.clone())
+                .with_compression(config.compression),
             drill: drill::DrillSetup {
                 tool: config.tool.clone(),
                 etcd_bin,

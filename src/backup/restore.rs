@@ -10,14 +10,13 @@
 
 use std::path::{Path, PathBuf};
 
-use futures_util::StreamExt;
 use thiserror::Error;
-use tokio::io::AsyncWriteExt;
 
 use super::catalog;
+use super::compress;
 use super::crypt;
+use super::fetch;
 use super::manifest::Manifest;
-use super::snapshot::StreamCheck;
 use super::store::{Store, StoreError};
 use super::tool::{EtcdTool, MemberParams, ToolError};
 use super::RestoreChoice;
@@ -43,6 +42,15 @@ pub enum RestoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+impl From<fetch::FetchError> for RestoreError {
+    fn from(e: fetch::FetchError) -> Self {
+        match e {
+            fetch::FetchError::Store(e) => RestoreError::Store(e),
+            fetch::FetchError::Io { op, path, source } => RestoreError::Io { op, path, source },
+        }
+    }
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RestoreError + 'a {
@@ -78,99 +86,69 @@ pub fn has_wal(data_dir: &Path) -> Result<bool, RestoreError> {
 }
 
 /// Downloads snapshot `m` to `dest`, streaming, and checks it: the SHA-256 of the whole
-/// object against the manifest, and etcd's trailer against the database. `dest` appears
-/// only once both match (written as `dest.partial` first).
+/// stored object against the manifest, and etcd's trailer against the database (after
+/// decryption and decompression, when the manifest says the object is encrypted or
+/// compressed). `dest` appears only once both match (written as `dest.partial` first).
 pub async fn fetch_verified(store: &Store, m: &Manifest, dest: &Path) -> Result<(), RestoreError> {
-    let partial = dest.with_extension("partial");
-    let mut stream = store.get_stream(&m.db_object()).await?;
-    let mut file = tokio::fs::File::create(&partial)
-        .await
-        .map_err(io("create", &partial))?;
-    // Encrypted, etcd's trailer is checked on the plaintext after decryption instead.
-    let mut check = match m.encryption {
-        Some(_) => StreamCheck::whole_only(),
-        None => StreamCheck::default(),
-    };
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
-        check.update(&chunk);
-        file.write_all(&chunk)
-            .await
-            .map_err(io("write", &partial))?;
-    }
-    file.sync_all().await.map_err(io("sync", &partial))?;
-    drop(file);
-    let checked = check.finish();
     let checksum = |detail: String| RestoreError::Checksum {
         name: m.name.clone(),
         detail,
     };
-    if checked.sha256 != m.sha256 || checked.size != m.size {
-        let _ = tokio::fs::remove_file(&partial).await;
+    if let Some(other) = m.compression.as_deref().filter(|c| *c != compress::ZSTD) {
         return Err(checksum(format!(
-            "the stored object ({} bytes, SHA-256 {}) differs from its manifest ({} bytes, SHA-256 {})",
-            checked.size, checked.sha256, m.size, m.sha256
+            "it is compressed with {other:?}, which this version cannot read (only {:?})",
+            compress::ZSTD
         )));
     }
-    let trailer = match &m.encryption {
-        None => {
-            if !store.keys().is_empty() {
-                tracing::warn!(snapshot = %m.name, "snapshot is not encrypted although encryption keys are configured; restoring it as it is");
-            }
-            checked.trailer
-        }
-        Some(enc) => {
-            // Decrypt to the destination's name, then prove the plaintext with etcd's trailer.
-            let cipher = dest.with_extension("age");
-            tokio::fs::rename(&partial, &cipher)
-                .await
-                .map_err(io("rename", &cipher))?;
-            let (keys, name, key, plain) = (
-                store.keys().clone(),
-                m.name.clone(),
-                enc.key.clone(),
-                partial.clone(),
-            );
-            let c = cipher.clone();
-            let decrypted = tokio::task::spawn_blocking(move || {
-                crypt::decrypt_file(&name, &key, &keys, &c, &plain)
-            })
-            .await
-            .map_err(|e| io("decrypt", &cipher)(std::io::Error::other(e)))?;
-            let _ = tokio::fs::remove_file(&cipher).await;
-            if let Err(e) = decrypted {
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(RestoreError::Decrypt(e));
-            }
-            plain_trailer(&partial).await?
+    let partial = dest.with_extension("partial");
+    let fetched = match fetch::download(store, m, &partial).await {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(e.into());
         }
     };
-    if let Err(detail) = trailer {
+    let refused = match (&fetched.stored, fetched.plain) {
+        (Some(stored), _) if stored.sha256 != m.sha256 || stored.size != m.size => {
+            Some(checksum(format!(
+                "the stored object ({} bytes, SHA-256 {}) differs from its manifest ({} bytes, SHA-256 {})",
+                stored.size, stored.sha256, m.size, m.sha256
+            )))
+        }
+        (_, Err(fetch::Undecodable::Decrypt(e))) => Some(RestoreError::Decrypt(e)),
+        (_, Err(fetch::Undecodable::Decompress(e))) => Some(checksum(format!(
+            "the stored object is not the zstd stream its manifest says: {e}"
+        ))),
+        (_, Ok(Err(detail))) => Some(checksum(detail)),
+        (_, Ok(Ok(()))) => None,
+    };
+    if let Some(e) = refused {
         let _ = tokio::fs::remove_file(&partial).await;
-        return Err(checksum(detail));
+        return Err(e);
+    }
+    if m.encryption.is_none() && !store.keys().is_empty() {
+        tracing::warn!(snapshot = %m.name, "snapshot is not encrypted although encryption keys are configured; restoring it as it is");
     }
     tokio::fs::rename(&partial, dest)
         .await
         .map_err(io("rename", dest))?;
+    verified().insert(dest.to_path_buf());
     Ok(())
 }
 
-/// etcd's trailer checked over a local (decrypted) snapshot file.
-async fn plain_trailer(path: &Path) -> Result<Result<(), String>, RestoreError> {
-    use tokio::io::AsyncReadExt;
-    let mut file = tokio::fs::File::open(path)
-        .await
-        .map_err(io("open", path))?;
-    let mut check = StreamCheck::trailer_only();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = file.read(&mut buf).await.map_err(io("read", path))?;
-        if n == 0 {
-            break;
-        }
-        check.update(&buf[..n]);
-    }
-    Ok(check.finish().trailer)
+/// The files [`fetch_verified`] wrote and checked in this process. They are not synced
+/// to disk: a crash can leave one torn under its final name, so a file found there by a
+/// later process is not trusted (it is downloaded again).
+fn verified() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<PathBuf>> {
+    static VERIFIED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    VERIFIED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Was `path` downloaded and checked by [`fetch_verified`] in this process (and is it
+/// still there)?
+pub fn verified_here(path: &Path) -> bool {
+    verified().contains(path) && path.exists()
 }
 
 /// Which snapshot to restore, once looked for.
@@ -451,6 +429,26 @@ pub async fn restore(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_snapshot_file_this_process_did_not_download_and_check_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}/s", dir.path().display())).unwrap();
+        let src = super::super::snapshot::FakeSource::new(&[3u8; 5000], 4);
+        let m = super::super::snapshot::take(&src, &store, std::time::SystemTime::UNIX_EPOCH)
+            .await
+            .unwrap();
+        // Left under its final name by an earlier process and torn by a crash (the
+        // download is not synced).
+        let dest = dir.path().join(format!("{}.db", m.name));
+        std::fs::write(&dest, b"torn").unwrap();
+        assert!(!verified_here(&dest));
+        fetch_verified(&store, &m, &dest).await.unwrap();
+        assert!(verified_here(&dest));
+        assert_eq!(std::fs::read(&dest).unwrap(), src.stream);
+        std::fs::remove_file(&dest).unwrap();
+        assert!(!verified_here(&dest), "a file gone is not there to trust");
+    }
 
     #[tokio::test]
     async fn a_restore_tool_that_cannot_run_is_said_once_in_the_error_chain() {

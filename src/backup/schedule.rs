@@ -212,6 +212,7 @@ mod tests {
             verified,
             unverified_reason: None,
             encryption: None,
+            compression: None,
             drill: drilled.then(|| crate::backup::manifest::DrillRecord {
                 time: String::new(),
                 time_unix: 0,

@@ -13,7 +13,8 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::crypt::Encrypting;
+use super::compress::{Compressing, Compression};
+use super::crypt::{Encrypting, Key};
 use super::manifest::{self, Encryption, Manifest};
 use super::store::{Store, StoreError};
 
@@ -287,6 +288,16 @@ impl StreamCheck {
         let Some(db) = self.db.as_mut() else {
             return;
         };
+        // The last TRAILER bytes seen stay in `tail`; everything before them is hashed,
+        // straight from `chunk` when it is longer than the trailer (no copy).
+        if chunk.len() >= TRAILER {
+            db.update(&self.tail);
+            let keep = chunk.len() - TRAILER;
+            db.update(&chunk[..keep]);
+            self.tail.clear();
+            self.tail.extend_from_slice(&chunk[keep..]);
+            return;
+        }
         self.tail.extend_from_slice(chunk);
         if self.tail.len() > TRAILER {
             let n = self.tail.len() - TRAILER;
@@ -326,6 +337,8 @@ pub fn hex(bytes: &[u8]) -> String {
 pub enum TakeError {
     #[error("cannot encrypt the snapshot: {0}")]
     Encrypt(std::io::Error),
+    #[error("cannot compress the snapshot: {0}")]
+    Compress(std::io::Error),
     #[error("cannot take a snapshot: {0}")]
     Source(#[from] SourceError),
     #[error("cannot store the snapshot: {0}")]
@@ -345,60 +358,51 @@ pub async fn take<S: SnapshotSource>(
     let name = manifest::snapshot_name(now, info.revision);
     let mut stream = source.snapshot().await?;
     let mut upload = store.upload(&manifest::db_object(&name)).await?;
-    // The plaintext's checks (etcd's trailer) and the stored object's (what a restore
-    // downloads): the same bytes unless the snapshot is encrypted on its way out.
     let encrypt_to = store.keys().write.clone();
-    let mut encrypting = match &encrypt_to {
-        Some(key) => Some(Encrypting::new(key).map_err(TakeError::Encrypt)?),
-        None => None,
+    let compression = store.compression();
+    let mut out = match Outgoing::new(compression, encrypt_to.as_ref()) {
+        Ok(o) => o,
+        Err(e) => {
+            upload.abort().await;
+            return Err(e);
+        }
     };
-    // Unencrypted, one pass checks both; encrypted, the trailer on the plaintext and the
-    // stored object's hash on the ciphertext.
-    let (mut plain, mut stored) = match encrypting {
-        Some(_) => (StreamCheck::trailer_only(), Some(StreamCheck::whole_only())),
-        None => (StreamCheck::default(), None),
+    // The plaintext's checks (etcd's trailer) and the stored object's (what a restore
+    // downloads): one pass over the same bytes unless the snapshot is compressed or
+    // encrypted on its way out.
+    let (mut plain, mut stored) = if out.transforms() {
+        (StreamCheck::trailer_only(), Some(StreamCheck::whole_only()))
+    } else {
+        (StreamCheck::default(), None)
     };
-    while let Some(chunk) = stream.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
+    loop {
+        let (bytes, last) = match stream.next().await {
+            Some(Ok(chunk)) => {
+                plain.update(&chunk);
+                (out.push(&chunk), false)
+            }
+            Some(Err(e)) => {
                 upload.abort().await;
                 return Err(e.into());
             }
+            None => (out.finish(), true),
         };
-        plain.update(&chunk);
-        let out: std::borrow::Cow<'_, [u8]> = match encrypting.as_mut() {
-            Some(e) => match e.update(&chunk) {
-                Ok(c) => c.into(),
-                Err(e) => {
-                    upload.abort().await;
-                    return Err(TakeError::Encrypt(e));
-                }
-            },
-            None => chunk.as_ref().into(),
-        };
-        if let Some(s) = stored.as_mut() {
-            s.update(&out);
-        }
-        if let Err(e) = upload.write(&out).await {
-            upload.abort().await;
-            return Err(e.into());
-        }
-    }
-    if let Some(e) = encrypting {
-        let last = match e.finish() {
-            Ok(c) => c,
+        let bytes = match bytes {
+            Ok(b) => b,
             Err(e) => {
                 upload.abort().await;
-                return Err(TakeError::Encrypt(e));
+                return Err(e);
             }
         };
         if let Some(s) = stored.as_mut() {
-            s.update(&last);
+            s.update(&bytes);
         }
-        if let Err(e) = upload.write(&last).await {
+        if let Err(e) = upload.write(&bytes).await {
             upload.abort().await;
             return Err(e.into());
+        }
+        if last {
+            break;
         }
     }
     upload.finish().await?;
@@ -424,10 +428,63 @@ pub async fn take<S: SnapshotSource>(
             scheme: "age-x25519".into(),
             key: k.fingerprint().to_string(),
         }),
+        compression: compression.manifest_name(),
         drill: None,
     };
     write_manifest(store, &m).await?;
     Ok(m)
+}
+
+/// What happens to the plaintext on its way to the store: compressed (zstd), then
+/// encrypted (age), either or both or neither.
+struct Outgoing {
+    compress: Option<Compressing>,
+    encrypt: Option<Encrypting>,
+}
+
+impl Outgoing {
+    fn new(compression: Compression, key: Option<&Key>) -> Result<Outgoing, TakeError> {
+        Ok(Outgoing {
+            compress: match compression {
+                Compression::Zstd => Some(Compressing::new().map_err(TakeError::Compress)?),
+                Compression::None => None,
+            },
+            encrypt: match key {
+                Some(k) => Some(Encrypting::new(k).map_err(TakeError::Encrypt)?),
+                None => None,
+            },
+        })
+    }
+
+    /// Is what the store holds other than the plaintext?
+    fn transforms(&self) -> bool {
+        self.compress.is_some() || self.encrypt.is_some()
+    }
+
+    /// The bytes to store for `plain` (what each stage has ready so far).
+    fn push(&mut self, plain: &[u8]) -> Result<Vec<u8>, TakeError> {
+        let packed = match self.compress.as_mut() {
+            Some(c) => c.update(plain).map_err(TakeError::Compress)?,
+            None => plain.to_vec(),
+        };
+        match self.encrypt.as_mut() {
+            Some(e) if !packed.is_empty() => e.update(&packed).map_err(TakeError::Encrypt),
+            _ => Ok(packed),
+        }
+    }
+
+    /// The rest: the compressed stream's end, then the last sealed chunk.
+    fn finish(&mut self) -> Result<Vec<u8>, TakeError> {
+        let mut packed = match self.compress.take() {
+            Some(c) => c.finish().map_err(TakeError::Compress)?,
+            None => Vec::new(),
+        };
+        if let Some(mut e) = self.encrypt.take() {
+            packed = e.update(&packed).map_err(TakeError::Encrypt)?;
+            packed.extend(e.finish().map_err(TakeError::Encrypt)?);
+        }
+        Ok(packed)
+    }
 }
 
 /// Writes (or rewrites) a manifest.
@@ -562,14 +619,43 @@ mod tests {
     #[tokio::test]
     async fn take_uploads_the_snapshot_then_its_manifest() {
         let (_dir, store) = file_store();
+        let store = store.with_compression(Compression::None);
         let src = FakeSource::new(b"database bytes", 42);
         let m = take(&src, &store, SystemTime::UNIX_EPOCH).await.unwrap();
+        assert_eq!(m.compression, None);
         assert!(m.verified);
         assert_eq!(m.revision, 42);
         assert_eq!(m.cluster_id, "c1");
         assert_eq!(m.name, "19700101T000000.000Z-r42");
         assert_eq!(store.get(&m.db_object()).await.unwrap(), src.stream);
         assert_eq!(catalog::list(&store).await.unwrap(), vec![m]);
+    }
+
+    #[tokio::test]
+    async fn take_compresses_by_default_and_the_manifest_describes_the_stored_object() {
+        use std::io::Read;
+        let (_dir, store) = file_store();
+        let db: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i % 97).to_le_bytes())
+            .collect();
+        let mut src = FakeSource::new(&db, 7);
+        src.chunk = 32 * 1024;
+        let m = take(&src, &store, SystemTime::UNIX_EPOCH).await.unwrap();
+        assert_eq!(m.compression.as_deref(), Some("zstd"));
+        assert!(m.verified);
+        let stored = store.get(&m.db_object()).await.unwrap();
+        assert!(stored.len() < src.stream.len() / 10, "{}", stored.len());
+        assert_eq!(m.size, stored.len() as u64);
+        assert_eq!(m.sha256, hex(&Sha256::digest(&stored)));
+        let mut back = Vec::new();
+        crate::backup::compress::decompressing(std::io::Cursor::new(stored))
+            .unwrap()
+            .read_to_end(&mut back)
+            .unwrap();
+        assert!(
+            back == src.stream,
+            "the stored object decompresses to etcd's stream"
+        );
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::compress::Compression;
 use super::crypt::Keys;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
@@ -17,8 +18,8 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-    WriteMultipart,
+    BackoffConfig, ClientConfigKey, GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload,
+    RetryConfig, WriteMultipart,
 };
 use thiserror::Error;
 
@@ -66,6 +67,8 @@ pub struct Store {
     url: String,
     /// What snapshots are encrypted with on the way in and decrypted with on the way out.
     keys: Keys,
+    /// How new snapshots are compressed (a download reads what the manifest says).
+    compression: Compression,
 }
 
 impl fmt::Debug for Store {
@@ -188,6 +191,7 @@ impl Store {
                     prefix: ObjPath::default(),
                     url: url.to_string(),
                     keys: Keys::default(),
+                    compression: Compression::default(),
                 });
             }
         };
@@ -196,6 +200,7 @@ impl Store {
             prefix: ObjPath::from(prefix.trim_matches('/')),
             url: url.to_string(),
             keys: Keys::default(),
+            compression: Compression::default(),
         })
     }
 
@@ -207,6 +212,16 @@ impl Store {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The same store, its new snapshots compressed this way (zstd unless told).
+    pub fn with_compression(mut self, compression: Compression) -> Store {
+        self.compression = compression;
+        self
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 
     pub fn url(&self) -> &str {
@@ -274,6 +289,30 @@ impl Store {
             .boxed())
     }
 
+    /// Opens an object for a large sequential read: a local file as it is (`file://`: the
+    /// caller reads it in large blocks on a blocking thread, where `object_store`'s stream
+    /// would read 8 KiB per blocking task), any other store as its stream of chunks.
+    pub async fn open_read(&self, name: &str) -> Result<Reading, StoreError> {
+        let got = self
+            .inner
+            .get(&self.path(name))
+            .await
+            .map_err(|e| self.io("get", name, e))?;
+        let me = self.clone();
+        let owned = name.to_string();
+        Ok(match got.payload {
+            GetResultPayload::File(file, path) => Reading::Local {
+                file,
+                path,
+                start: got.range.start,
+                len: got.range.end.saturating_sub(got.range.start),
+            },
+            GetResultPayload::Stream(s) => {
+                Reading::Stream(s.map_err(move |e| me.io("get", &owned, e)).boxed())
+            }
+        })
+    }
+
     /// Starts a multipart upload of `name`.
     pub async fn upload(&self, name: &str) -> Result<Upload, StoreError> {
         let up = self
@@ -323,6 +362,19 @@ impl Store {
             Err(e) => Err(self.io("delete", name, e)),
         }
     }
+}
+
+/// An object opened for reading by [`Store::open_read`].
+pub enum Reading {
+    /// A `file://` object: `len` bytes of `file` (at `path`) from `start`.
+    Local {
+        file: std::fs::File,
+        path: std::path::PathBuf,
+        start: u64,
+        len: u64,
+    },
+    /// Any other store's object, chunk by chunk.
+    Stream(BoxStream<'static, Result<Bytes, StoreError>>),
 }
 
 /// A multipart upload in progress: parts are sent as they fill, at most a few at once.

@@ -87,6 +87,14 @@ impl BackupArgs {
                 RestoreChoice::Never
             }
         };
+        let compression = crate::backup::compress::Compression::parse(&self.backup_compression)
+            .unwrap_or_else(|| {
+                problems.push(format!(
+                    "--backup-compression must be zstd or none, got {:?}",
+                    self.backup_compression
+                ));
+                crate::backup::compress::Compression::default()
+            });
         let mut keys = crate::backup::crypt::Keys::default();
         if let Some(path) = &self.backup_encryption_key_file {
             match crate::backup::crypt::Key::load(path) {
@@ -133,6 +141,7 @@ impl BackupArgs {
             scratch_dir: self.backup_scratch_dir.clone(),
             restore,
             keys,
+            compression,
         })
     }
 }

@@ -271,6 +271,10 @@ pub struct BackupArgs {
         value_delimiter = ','
     )]
     pub backup_decryption_key_file: Vec<PathBuf>,
+    /// How new snapshots are compressed before any encryption: `zstd` (streamed, level 3)
+    /// or `none`. Restores read either, whatever this says (each manifest records it).
+    #[arg(long, env = "ETCD_STEWARD_BACKUP_COMPRESSION", default_value = "zstd")]
+    pub backup_compression: String,
 }
 
 /// `backup`'s options: the sidecar's, and what to do.

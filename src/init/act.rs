@@ -189,7 +189,9 @@ pub async fn act<C: Connector>(
                 },
             };
             record(dir, facts, d, now)?;
-            if facts.ordinal != 0 {
+            // A restored member starts on its WAL: etcd asks no peer whether the cluster
+            // is bootstrapped, so there is nothing to wait for.
+            if facts.ordinal != 0 && matches!(mode, StartMode::New { .. }) {
                 wait_for_seed(cfg, facts).await;
             }
             Ok(Next::Exec(mode))
@@ -437,14 +439,15 @@ fn download_path(dir: &Path, name: &str) -> std::path::PathBuf {
     restore::staging_dir(dir).join(format!("{name}.db"))
 }
 
-/// Downloads and checks `manifest`'s snapshot into the volume, unless an earlier round did.
+/// Downloads and checks `manifest`'s snapshot into the volume, unless an earlier round of
+/// this process did (a file left by an earlier process may be torn: it is not synced).
 async fn download(
     store: &Store,
     manifest: &Manifest,
     dir: &Path,
 ) -> Result<std::path::PathBuf, RestoreError> {
     let file = download_path(dir, &manifest.name);
-    if !file.exists() {
+    if !restore::verified_here(&file) {
         restore::create_private_dir(&restore::staging_dir(dir))?;
         restore::fetch_verified(store, manifest, &file).await?;
     }
