@@ -94,6 +94,7 @@ mod tests {
             time_unix: 0,
             verified: true,
             unverified_reason: None,
+            compression: None,
             encryption: None,
             drill: None,
         }

@@ -228,6 +228,7 @@ pub mod tests {
             time_unix: 0,
             verified,
             unverified_reason: None,
+            compression: None,
             encryption: None,
             drill: None,
         };

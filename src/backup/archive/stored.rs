@@ -284,7 +284,16 @@ mod tests {
             Some(key.fingerprint())
         );
         let raw = std::fs::read(dir.path().join(m.seg_object())).unwrap();
-        assert!(!raw.windows(2).any(|w| w == b"k1"), "stored in the clear");
+        // An age file, whose body is not the compressed segment.
+        assert!(
+            raw.starts_with(b"age-encryption.org/v1"),
+            "stored in the clear"
+        );
+        let clear = segment(1, 3).compress();
+        assert!(
+            !raw.windows(16).any(|w| w == &clear[clear.len() - 16..]),
+            "stored in the clear"
+        );
         assert_eq!(get(&s, &m).await.unwrap(), segment(1, 3));
         let other = store(dir.path()).with_keys(Keys {
             write: Some(Key::from_identity(age::x25519::Identity::generate())),
