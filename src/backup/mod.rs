@@ -14,6 +14,7 @@ pub mod drill;
 pub mod manifest;
 pub mod restore;
 pub mod schedule;
+pub mod scratch;
 pub mod snapshot;
 pub mod store;
 pub mod tool;

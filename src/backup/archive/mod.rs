@@ -7,6 +7,7 @@
 //! manifests alone, which segments continue a snapshot and where the chain ends (pure).
 
 pub mod chain;
+pub mod replay;
 pub mod segment;
 pub mod stored;
 
