@@ -3,9 +3,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use etcd_steward::decision::parse_restore_point;
 use etcd_steward::decision::{
     decide, formation_token, Action, Bootstrap, Decision, SetAsideWhy, Why,
 };
+use etcd_steward::facts::ArchiveReach;
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
@@ -1372,6 +1374,7 @@ fn snapshot(name: &str, verified: bool) -> SnapshotFacts {
         drill_failed: false,
         content: content("etag-1"),
         key: None,
+        archive: None,
     }
 }
 
@@ -1428,6 +1431,26 @@ fn every_volume_empty_with_backups_prepares_to_restore_the_newest() {
         d.reason()
     );
     assert_reason(&d, &["restored from backup new"]);
+}
+
+#[test]
+fn segments_continuing_the_newest_snapshot_make_the_restore_point_the_archives_end() {
+    let mut newest = snapshot("new", true);
+    newest.archive = Some(ArchiveReach {
+        last_revision: 97,
+        last_time_unix_ms: 1_700_000_100_000,
+        segments: 3,
+        broken: None,
+    });
+    let f = with_backups(facts(), vec![newest.clone(), snapshot("old", true)]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("new+r97".into())));
+    assert_eq!(parse_restore_point("new+r97"), ("new", Some(97)));
+    // A chain that reaches no further than the snapshot is the snapshot alone.
+    if let Some(a) = newest.archive.as_mut() {
+        a.last_revision = newest.revision;
+    }
+    let f = with_backups(facts(), vec![newest]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("new".into())));
 }
 
 #[test]
@@ -1870,6 +1893,7 @@ mod invariants {
                 drill_failed,
                 content: SnapshotContent::default(),
                 key: None,
+                archive: None,
             });
         let wanted = prop_oneof![
             2 => Just(RestoreWanted::Latest),

@@ -38,6 +38,8 @@ pub fn policy(e: &ActError) -> Retry {
             RestoreError::Store(_) | RestoreError::Checksum { .. } | RestoreError::Decrypt(_),
         )
         | ActError::SnapshotMissing { .. } => Retry::Backoff,
+        // The archive's store, or the replay's throw-away etcd, failed: look again.
+        ActError::Replay(_) => Retry::Backoff,
         // etcd's restore tool cannot run, or refuses the snapshot: it fails the same way at
         // every try, so a restart would only loop. Wait, saying why at every round, until
         // an operator fixes the tool (or the store): never an empty cluster instead.

@@ -28,7 +28,8 @@ use tokio::io::AsyncWriteExt;
 
 use super::segment::Segment;
 use super::stored;
-use super::SegmentManifest;
+use super::{chain, SegmentManifest};
+use crate::backup::manifest::Manifest;
 use crate::backup::scratch::{self, Scratch};
 use crate::backup::snapshot::StreamCheck;
 use crate::backup::store::{Store, StoreError};
@@ -176,6 +177,37 @@ pub async fn replay(
         }
     }
     result
+}
+
+/// A restore point's file: the segments that continue snapshot `manifest` (the store's
+/// chain from its revision) replayed onto its verified local file `base` up to `target`,
+/// into `out`. Logs the snapshot, the segments and revisions replayed, the last revision
+/// and its time, and why the replay stopped early when it did.
+pub async fn fold(
+    store: &Store,
+    manifest: &Manifest,
+    base: &Path,
+    target: Target,
+    setup: &ReplaySetup,
+    out: &Path,
+) -> Result<Replayed, ReplayError> {
+    let all = stored::list(store).await?;
+    let c = chain::chain(manifest.revision, &manifest.cluster_id, &all);
+    let r = replay(store, base, &manifest.name, &c.segments, target, setup, out).await?;
+    let last_time = r.last_time_unix_ms.map_or_else(
+        || "none (no revision replayed)".to_string(),
+        super::rfc3339_ms,
+    );
+    tracing::warn!(snapshot = %r.snapshot, snapshot_revision = r.snapshot_revision,
+        segments = r.segments.len(), revisions_replayed = r.revisions,
+        last_revision = r.last_revision, last_time = %last_time,
+        replay_seconds = r.applying.as_secs_f64(),
+        "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
+    if let Some(why) = &r.stopped {
+        tracing::warn!(snapshot = %r.snapshot, last_revision = r.last_revision, reason = %why,
+            "the archive replay stopped before its target: the restore holds what was verified up to the last revision");
+    }
+    Ok(r)
 }
 
 async fn connect(scratch: &Scratch, timeout: Duration) -> Result<(Client, i64), ReplayError> {

@@ -1,0 +1,169 @@
+//! Every volume lost, with the archive continuing the newest snapshot: the cluster comes back
+//! from the snapshot with every archived revision replayed onto it, each key at its original
+//! `mod_revision`, leased keys on leases with their TTLs, and the revision moved past every
+//! one served. Real etcd 3.5.30, dnsmasq, `init`, `sidecar` and `backup` processes on
+//! loopback, a `file://` store; the segments are made from the cluster's own watch
+//! (`support/archive.rs`), as the sidecar's archiver writes them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/archive.rs"]
+mod archive;
+
+use std::path::Path;
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_steward::backup::store::Store;
+use harness::loopback::Set;
+use harness::{wait_for, Etcd};
+
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+const FORM: Duration = Duration::from_secs(60);
+
+/// A three-pod set formed with backups in `store`, `--restore latest`.
+async fn formed(etcd: Etcd, store: &Path) -> Set {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec![
+        format!("--backup-url=file://{}", store.display()),
+        format!(
+            "--backup-scratch-dir={}",
+            set.root().join("scratch").display()
+        ),
+        "--backup-interval=1h".into(),
+        "--restore=latest".into(),
+    ];
+    set.extra_args
+        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
+    set.start_all(FORM).await.unwrap();
+    wait_for(FORM, "the leader's sidecar's first snapshot", || async {
+        std::fs::read_dir(store.join("snapshots")).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+        })
+    })
+    .await;
+    set
+}
+
+/// `etcd-steward backup` through pod `o`'s member: its manifest.
+async fn backup_now(set: &Set, o: u32) -> serde_json::Value {
+    let out = tokio::process::Command::new(STEWARD)
+        .arg("backup")
+        .args(set.common_args(o))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "backup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// (key, value, create_revision, mod_revision, version, lease) of every key under the
+/// prefixes the test writes.
+type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+async fn written_keys(c: &mut Client) -> Vec<Kv> {
+    let mut out = Vec::new();
+    for prefix in ["k/", "leased/", "late/"] {
+        let r = c
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        out.extend(r.kvs().iter().map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        }));
+    }
+    out
+}
+
+async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 20).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let (name, from) = (
+        snapshot["name"].as_str().unwrap().to_string(),
+        snapshot["revision"].as_i64().unwrap(),
+    );
+    // Written after the newest snapshot: only the archive has them.
+    let mut c = set.client(0).await.unwrap();
+    let lease = c.lease_grant(90, None).await.unwrap().id();
+    let leased = Some(PutOptions::new().with_lease(lease));
+    c.put("leased/a", "a", leased.clone()).await.unwrap();
+    c.put("k/1", "overwritten", None).await.unwrap();
+    c.put("leased/b", "b", leased).await.unwrap();
+    c.delete("k/2", None).await.unwrap();
+    for i in 0..5 {
+        c.put(format!("late/{i}"), vec![b'x'; 1024], None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let expected = written_keys(&mut c).await;
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    let segments = archive::archive(&mut c, &store, cluster, from + 1, last, 4, |_| {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap()
+    })
+    .await;
+    assert!(segments.len() >= 2, "{segments:?}");
+    let mut served = 0;
+    for o in 0..3 {
+        served = served.max(set.revision(o).await.unwrap());
+    }
+    drop(c);
+
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let point = format!("{name}+r{last}");
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        let got = written_keys(&mut c).await;
+        assert_eq!(got, expected, "pod {o}: every key at its original revision");
+        for kv in got.iter().filter(|kv| kv.0.starts_with(b"leased/")) {
+            assert_eq!(kv.5, lease, "pod {o}: {:?} keeps its lease", kv.0);
+            let ttl = c.lease_time_to_live(kv.5, None).await.unwrap();
+            assert_eq!(ttl.granted_ttl(), 90, "pod {o}: the lease's TTL");
+            assert!(ttl.ttl() > 0, "pod {o}: the lease is alive");
+        }
+        let now = set.revision(o).await.unwrap();
+        assert!(
+            now > served,
+            "pod {o}: revision {now} is above the {served} served before the loss"
+        );
+        let logs = set.logs(o);
+        assert!(
+            logs.contains("archive replayed onto the snapshot") && logs.contains(&point),
+            "pod {o} says what it replayed and restored:\n{}",
+            set.dump()
+        );
+    }
+    set.shutdown().await;
+}
+
+harness::per_etcd_version!(
+    [V3_5Current]: every_volume_lost_comes_back_with_every_archived_write_at_its_revision
+);
