@@ -66,13 +66,14 @@ async fn backup_now(set: &Set, o: u32) -> serde_json::Value {
 /// prefixes the test writes.
 type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
 
-async fn written_keys(c: &mut Client) -> Vec<Kv> {
+async fn written_keys(c: &mut Client, at: Option<i64>) -> Vec<Kv> {
     let mut out = Vec::new();
     for prefix in ["k/", "leased/", "late/"] {
-        let r = c
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .unwrap();
+        let mut options = GetOptions::new().with_prefix();
+        if let Some(r) = at {
+            options = options.with_revision(r);
+        }
+        let r = c.get(prefix, Some(options)).await.unwrap();
         out.extend(r.kvs().iter().map(|kv| {
             (
                 kv.key().to_vec(),
@@ -110,7 +111,7 @@ async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(
             .unwrap();
     }
     let last = c.status().await.unwrap().header().unwrap().revision();
-    let expected = written_keys(&mut c).await;
+    let expected = written_keys(&mut c, None).await;
     let cluster = set.cluster_id(0).await.unwrap();
     let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
     let segments = archive::archive(&mut c, &store, cluster, from + 1, last, 4, |_| {
@@ -141,7 +142,7 @@ async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(
     let point = format!("{name}+r{last}");
     for o in 0..3 {
         let mut c = set.client(o).await.unwrap();
-        let got = written_keys(&mut c).await;
+        let got = written_keys(&mut c, None).await;
         assert_eq!(got, expected, "pod {o}: every key at its original revision");
         for kv in got.iter().filter(|kv| kv.0.starts_with(b"leased/")) {
             assert_eq!(kv.5, lease, "pod {o}: {:?} keeps its lease", kv.0);
@@ -164,6 +165,66 @@ async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(
     set.shutdown().await;
 }
 
+/// The archive's second segment is corrupted after it was stored: every pod's replay ends
+/// before it, says so, and the cluster comes back with what was verified (the snapshot and
+/// the first segment), not with nothing and not with a hole.
+async fn a_corrupted_segment_restores_what_was_verified_before_it(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 10).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let from = snapshot["revision"].as_i64().unwrap();
+    let mut c = set.client(0).await.unwrap();
+    for i in 0..8 {
+        c.put(format!("late/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    let segments = archive::archive(&mut c, &store, cluster, from + 1, last, 3, |r| {
+        1_795_000_000_000 + u64::try_from(r).unwrap()
+    })
+    .await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let verified_up_to = segments[0].last_revision;
+    let expected = written_keys(&mut c, Some(verified_up_to)).await;
+    drop(c);
+    let object = store_dir.path().join(segments[1].seg_object());
+    let mut bytes = std::fs::read(&object).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&object, bytes).unwrap();
+
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        assert_eq!(
+            written_keys(&mut c, None).await,
+            expected,
+            "pod {o}: the keyspace up to the last verified revision {verified_up_to}"
+        );
+        let logs = set.logs(o);
+        assert!(
+            logs.contains("the archive replay stopped before its target")
+                && logs.contains(&segments[1].name),
+            "pod {o} says where the replay stopped and which segment is bad:\n{}",
+            set.dump()
+        );
+    }
+    set.shutdown().await;
+}
+
 harness::per_etcd_version!(
-    [V3_5Current]: every_volume_lost_comes_back_with_every_archived_write_at_its_revision
+    [V3_5Current]:
+    every_volume_lost_comes_back_with_every_archived_write_at_its_revision,
+    a_corrupted_segment_restores_what_was_verified_before_it,
 );
