@@ -602,6 +602,8 @@ impl BackupFacts {
 pub enum RestoreWanted {
     Latest,
     Named(String),
+    /// `revision:N`.
+    Revision(i64),
 }
 
 /// One snapshot in the store, as its manifest describes it.

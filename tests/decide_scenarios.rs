@@ -1454,6 +1454,39 @@ fn segments_continuing_the_newest_snapshot_make_the_restore_point_the_archives_e
 }
 
 #[test]
+fn a_restore_to_a_revision_takes_the_newest_snapshot_before_it_and_refuses_outside_the_range() {
+    let mut newest = snapshot("new", true);
+    newest.revision = 50;
+    newest.archive = Some(ArchiveReach {
+        last_revision: 97,
+        last_time_unix_ms: 1_700_000_100_000,
+        segments: 3,
+        broken: None,
+    });
+    let mut older = snapshot("old", true);
+    older.revision = 20;
+    let at = |n: i64| {
+        let mut f = with_backups(facts(), vec![newest.clone(), older.clone()]);
+        if let BackupFacts::Listed { wanted, .. } = &mut f.backups {
+            *wanted = RestoreWanted::Revision(n);
+        }
+        decide(&f)
+    };
+    assert_eq!(prepared_snapshot(&at(60)), Some(Some("new+r60".into())));
+    assert_eq!(prepared_snapshot(&at(50)), Some(Some("new".into())));
+    assert_eq!(prepared_snapshot(&at(20)), Some(Some("old".into())));
+    // Between the older snapshot and the newer one, no archive continues the older.
+    for outside in [30, 98, 5] {
+        let d = at(outside);
+        assert_eq!(prepared_snapshot(&d), None, "{}", d.reason());
+        assert_reason(
+            &d,
+            &["outside the restorable range (revision 20 (snapshot old) to revision 97)"],
+        );
+    }
+}
+
+#[test]
 fn a_newest_snapshot_that_failed_its_checksum_is_skipped_for_the_next() {
     let f = with_backups(
         facts(),
@@ -2481,6 +2514,10 @@ mod invariants {
         match wanted {
             RestoreWanted::Named(n) => snapshots.iter().find(|s| &s.name == n),
             RestoreWanted::Latest => snapshots.iter().find(|s| usable(f, s)),
+            RestoreWanted::Revision(n) => snapshots.iter().find(|s| {
+                let reach = s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
+                usable(f, s) && s.revision <= *n && reach >= *n
+            }),
         }
         .filter(|s| usable(f, s))
     }

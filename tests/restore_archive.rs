@@ -223,8 +223,57 @@ async fn a_corrupted_segment_restores_what_was_verified_before_it(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// `--restore revision:N`, every volume lost: the cluster comes back as it was at revision N
+/// (the snapshot before it and the archive up to N), not at the archive's end.
+async fn every_volume_lost_with_restore_revision_comes_back_at_that_revision(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 10).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let from = snapshot["revision"].as_i64().unwrap();
+    let mut c = set.client(0).await.unwrap();
+    for i in 0..8 {
+        c.put(format!("late/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    archive::archive(&mut c, &store, cluster, from + 1, last, 3, |r| {
+        1_795_000_000_000 + u64::try_from(r).unwrap()
+    })
+    .await;
+    let moment = from + 4;
+    let expected = written_keys(&mut c, Some(moment)).await;
+    drop(c);
+    for a in set.extra_args.iter_mut() {
+        if a.starts_with("--restore=") {
+            *a = format!("--restore=revision:{moment}");
+        }
+    }
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        assert_eq!(
+            written_keys(&mut c, None).await,
+            expected,
+            "pod {o}: the keyspace at revision {moment}"
+        );
+    }
+    set.shutdown().await;
+}
+
 harness::per_etcd_version!(
     [V3_5Current]:
+    every_volume_lost_with_restore_revision_comes_back_at_that_revision,
     every_volume_lost_comes_back_with_every_archived_write_at_its_revision,
     a_corrupted_segment_restores_what_was_verified_before_it,
 );

@@ -548,6 +548,37 @@ pub fn snapshot_choice(
             })
         }
         BackupFacts::Listed {
+            wanted: RestoreWanted::Revision(n),
+            snapshots,
+            keys,
+        } => {
+            let usable: Vec<&SnapshotFacts> = snapshots
+                .iter()
+                .filter(|s| problem(s, keys).is_none())
+                .collect();
+            let reach =
+                |s: &SnapshotFacts| s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
+            // Newest first: the newest snapshot at or before N whose archive reaches N.
+            if let Some(s) = usable.iter().find(|s| s.revision <= *n && reach(s) >= *n) {
+                return Ok(Some(if s.revision == *n {
+                    s.name.clone()
+                } else {
+                    restore_point(&s.name, *n)
+                }));
+            }
+            let range = match (usable.last(), usable.iter().map(|s| reach(s)).max()) {
+                (Some(oldest), Some(last)) => format!(
+                    "revision {} (snapshot {}) to revision {last}",
+                    oldest.revision, oldest.name
+                ),
+                _ => "no usable snapshot".into(),
+            };
+            Err(Why::NamedBackupUnusable {
+                name: format!("revision:{n}"),
+                problem: Unusable::OutsideRange { range },
+            })
+        }
+        BackupFacts::Listed {
             wanted: RestoreWanted::Named(name),
             snapshots,
             keys,
