@@ -605,6 +605,8 @@ impl BackupFacts {
 pub enum RestoreWanted {
     Latest,
     Named(String),
+    /// `revision:N`.
+    Revision(i64),
 }
 
 /// One snapshot in the store, as its manifest describes it.
@@ -622,6 +624,18 @@ pub struct SnapshotFacts {
     pub content: SnapshotContent,
     /// The fingerprint of the key it is encrypted to (`None`: not encrypted).
     pub key: Option<String>,
+    /// How far archived segments continue it (`None`: none does).
+    pub archive: Option<ArchiveReach>,
+}
+
+/// How far the archive's segments continue a snapshot without a hole (the store's chain):
+/// its last revision, when the archiver received it (Unix ms), and why it stops, if it does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArchiveReach {
+    pub last_revision: i64,
+    pub last_time_unix_ms: u64,
+    pub segments: usize,
+    pub broken: Option<String>,
 }
 
 /// The kinds of action `init` takes, as logs, metrics and the journal name them.

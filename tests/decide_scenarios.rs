@@ -3,9 +3,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use etcd_steward::decision::parse_restore_point;
 use etcd_steward::decision::{
     decide, formation_token, Action, Bootstrap, Decision, SetAsideWhy, Why,
 };
+use etcd_steward::facts::ArchiveReach;
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
@@ -1372,6 +1374,7 @@ fn snapshot(name: &str, verified: bool) -> SnapshotFacts {
         drill_failed: false,
         content: content("etag-1"),
         key: None,
+        archive: None,
     }
 }
 
@@ -1428,6 +1431,59 @@ fn every_volume_empty_with_backups_prepares_to_restore_the_newest() {
         d.reason()
     );
     assert_reason(&d, &["restored from backup new"]);
+}
+
+#[test]
+fn segments_continuing_the_newest_snapshot_make_the_restore_point_the_archives_end() {
+    let mut newest = snapshot("new", true);
+    newest.archive = Some(ArchiveReach {
+        last_revision: 97,
+        last_time_unix_ms: 1_700_000_100_000,
+        segments: 3,
+        broken: None,
+    });
+    let f = with_backups(facts(), vec![newest.clone(), snapshot("old", true)]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("new+r97".into())));
+    assert_eq!(parse_restore_point("new+r97"), ("new", Some(97)));
+    // A chain that reaches no further than the snapshot is the snapshot alone.
+    if let Some(a) = newest.archive.as_mut() {
+        a.last_revision = newest.revision;
+    }
+    let f = with_backups(facts(), vec![newest]);
+    assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("new".into())));
+}
+
+#[test]
+fn a_restore_to_a_revision_takes_the_newest_snapshot_before_it_and_refuses_outside_the_range() {
+    let mut newest = snapshot("new", true);
+    newest.revision = 50;
+    newest.archive = Some(ArchiveReach {
+        last_revision: 97,
+        last_time_unix_ms: 1_700_000_100_000,
+        segments: 3,
+        broken: None,
+    });
+    let mut older = snapshot("old", true);
+    older.revision = 20;
+    let at = |n: i64| {
+        let mut f = with_backups(facts(), vec![newest.clone(), older.clone()]);
+        if let BackupFacts::Listed { wanted, .. } = &mut f.backups {
+            *wanted = RestoreWanted::Revision(n);
+        }
+        decide(&f)
+    };
+    assert_eq!(prepared_snapshot(&at(60)), Some(Some("new+r60".into())));
+    assert_eq!(prepared_snapshot(&at(50)), Some(Some("new".into())));
+    assert_eq!(prepared_snapshot(&at(20)), Some(Some("old".into())));
+    // Between the older snapshot and the newer one, no archive continues the older.
+    for outside in [30, 98, 5] {
+        let d = at(outside);
+        assert_eq!(prepared_snapshot(&d), None, "{}", d.reason());
+        assert_reason(
+            &d,
+            &["outside the restorable range (revision 20 (snapshot old) to revision 97)"],
+        );
+    }
 }
 
 #[test]
@@ -1870,6 +1926,7 @@ mod invariants {
                 drill_failed,
                 content: SnapshotContent::default(),
                 key: None,
+                archive: None,
             });
         let wanted = prop_oneof![
             2 => Just(RestoreWanted::Latest),
@@ -2480,6 +2537,10 @@ mod invariants {
         match wanted {
             RestoreWanted::Named(n) => snapshots.iter().find(|s| &s.name == n),
             RestoreWanted::Latest => snapshots.iter().find(|s| usable(f, s)),
+            RestoreWanted::Revision(n) => snapshots.iter().find(|s| {
+                let reach = s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
+                usable(f, s) && s.revision <= *n && reach >= *n
+            }),
         }
         .filter(|s| usable(f, s))
     }

@@ -12,9 +12,10 @@ use std::time::{Duration, SystemTime};
 
 use super::manifest::{self, DrillRecord, Manifest};
 use super::restore::{self, RestoreError};
+use super::scratch::Scratch;
 use super::snapshot::{self, EtcdSource, EtcdTarget, SnapshotSource, SourceError};
 use super::store::{Store, StoreError};
-use super::tool::{EtcdTool, Jump, MemberParams};
+use super::tool::{EtcdTool, Jump};
 
 /// How the restored key-value hash compared with the live cluster's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,12 +124,6 @@ fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
     }
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// Drills snapshot `m` against `live` (a member of the running cluster), records the
 /// outcome in its manifest, and returns it. A snapshot whose stored bytes fail their
 /// checksum is also marked `verified: false`, so no restore ever uses it. An error is
@@ -204,40 +199,17 @@ async fn run<L: SnapshotSource>(
             ),
         ));
     }
-    let (peer, client) = match (free_port(), free_port()) {
-        (Ok(p), Ok(c)) => (p, c),
-        (Err(e), _) | (_, Err(e)) => {
-            return Ok(fail(m, Some(revision), format!("no free port: {e}")))
-        }
+    let scratch = match Scratch::new("drill", &format!("drill-{}", m.name)) {
+        Ok(s) => s,
+        Err(e) => return Ok(fail(m, Some(revision), format!("no free port: {e}"))),
     };
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let member = MemberParams {
-        name: "drill".into(),
-        initial_cluster: format!("drill={peer_url}"),
-        token: format!("drill-{}", m.name),
-        peer_url: peer_url.clone(),
-    };
+    let client = scratch.client_port;
     let data = work.join("data");
-    if let Err(e) = restore::restore_into(&setup.tool, &file, &m.name, &member, &data).await {
+    if let Err(e) = restore::restore_into(&setup.tool, &file, &m.name, &scratch.member, &data).await
+    {
         return Ok(fail(m, Some(revision), format!("restore: {e}")));
     }
-    let client_url = format!("http://127.0.0.1:{client}");
-    // A clean environment: etcd reads ETCD_* variables as flags, and the sidecar's own
-    // (ETCD_STEWARD_*) are not meant for it.
-    let mut etcd = match super::tool::clean_command(&setup.etcd_bin, std::env::var_os("PATH"))
-        .arg("--name=drill")
-        .arg(format!("--data-dir={}", data.display()))
-        .arg(format!("--listen-peer-urls={peer_url}"))
-        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-        .arg(format!("--initial-cluster=drill={peer_url}"))
-        .arg(format!("--listen-client-urls={client_url}"))
-        .arg(format!("--advertise-client-urls={client_url}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-    {
+    let mut etcd = match scratch.spawn(&setup.etcd_bin, &data, &[], None) {
         Ok(c) => c,
         Err(e) => {
             return Ok(fail(

@@ -16,6 +16,7 @@ pub mod fetch;
 pub mod manifest;
 pub mod restore;
 pub mod schedule;
+pub mod scratch;
 pub mod snapshot;
 pub mod store;
 pub mod tool;
@@ -34,6 +35,9 @@ pub enum RestoreChoice {
     Never,
     /// This snapshot (its name as `backup --list` prints it).
     Named(String),
+    /// `revision:N`: the cluster as it was at revision N: the newest usable snapshot at or
+    /// before it, with the archive replayed onto it up to N.
+    Revision(i64),
 }
 
 /// The validated backup options (`Config::backup`, present when `--backup-url` is given).

@@ -175,6 +175,8 @@ pub async fn pick(store: &Store, choice: &RestoreChoice, dir: &Path) -> Result<P
         RestoreChoice::Never => return Ok(Pick::Disabled),
         RestoreChoice::Latest => None,
         RestoreChoice::Named(n) => Some(n.as_str()),
+        // A moment needs the archive: init's formation restores it (a restore point).
+        RestoreChoice::Revision(_) => None,
     };
     let manifests = catalog::list(store).await?;
     if manifests.is_empty() {

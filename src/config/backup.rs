@@ -72,6 +72,15 @@ impl BackupArgs {
         let restore = match self.restore.as_deref() {
             None | Some("latest") => RestoreChoice::Latest,
             Some("never") => RestoreChoice::Never,
+            Some(r) if r.starts_with("revision:") => match r["revision:".len()..].parse::<i64>() {
+                Ok(n) if n >= 1 => RestoreChoice::Revision(n),
+                _ => {
+                    problems.push(format!(
+                        "--restore revision:N needs a revision of at least 1, got {r:?}"
+                    ));
+                    RestoreChoice::Never
+                }
+            },
             Some(name)
                 if !name.is_empty()
                     && name
@@ -82,7 +91,7 @@ impl BackupArgs {
             }
             Some(other) => {
                 problems.push(format!(
-                    "--restore must be latest, never or a snapshot name, got {other:?}"
+                    "--restore must be latest, never, revision:N or a snapshot name, got {other:?}"
                 ));
                 RestoreChoice::Never
             }

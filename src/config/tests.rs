@@ -403,3 +403,27 @@ fn a_tool_that_cannot_jump_the_revision_is_refused_unless_the_jump_is_off() {
     tool.can_bump = true;
     assert_eq!(jump_refused(&tool), None);
 }
+
+#[test]
+#[allow(clippy::unwrap_used)]
+fn restore_takes_a_revision_to_go_back_to() {
+    let with = |restore: &str| {
+        common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--backup-url",
+            "file:///b",
+            "--restore",
+            restore,
+            "--etcdutl-bin",
+            "/usr/bin/etcdctl",
+        ])
+        .validate()
+    };
+    let b = with("revision:4211").unwrap().backup.unwrap();
+    assert_eq!(b.restore, crate::backup::RestoreChoice::Revision(4211));
+    let e = with("revision:soon").unwrap_err();
+    assert!(e.problems[0].contains("revision:N"), "{e}");
+}

@@ -475,6 +475,19 @@ fn decide_formation(f: &Facts) -> Decision {
     )
 }
 
+/// A restore point, `<snapshot>+r<revision>`: the snapshot with the archive replayed to it.
+pub fn restore_point(snapshot: &str, revision: i64) -> String {
+    format!("{snapshot}+r{revision}")
+}
+
+/// A restore point's snapshot and revision; a plain snapshot name has no revision.
+pub fn parse_restore_point(name: &str) -> (&str, Option<i64>) {
+    match name.rsplit_once("+r").map(|(s, r)| (s, r.parse::<i64>())) {
+        Some((snapshot, Ok(r))) if !snapshot.is_empty() => (snapshot, Some(r)),
+        _ => (name, None),
+    }
+}
+
 /// Which backup a new cluster starts from: `Ok(None)` to start empty (no backups
 /// configured, or the store holds none), `Ok(Some(name))` to restore that snapshot, or a
 /// reason to wait (the store unreachable, or snapshots there but none usable: never an
@@ -518,13 +531,51 @@ pub fn snapshot_choice(
                 return Ok(None);
             }
             if let Some(usable) = snapshots.iter().find(|s| problem(s, keys).is_none()) {
-                return Ok(Some(usable.name.clone()));
+                // With segments continuing it, the point at the archive's end: every
+                // revision archived after the snapshot is replayed onto it.
+                return Ok(Some(match &usable.archive {
+                    Some(a) if a.last_revision > usable.revision => {
+                        restore_point(&usable.name, a.last_revision)
+                    }
+                    _ => usable.name.clone(),
+                }));
             }
             Err(Why::NoUsableBackup {
                 skipped: snapshots
                     .iter()
                     .filter_map(|s| Some((s.name.clone(), problem(s, keys)?)))
                     .collect(),
+            })
+        }
+        BackupFacts::Listed {
+            wanted: RestoreWanted::Revision(n),
+            snapshots,
+            keys,
+        } => {
+            let usable: Vec<&SnapshotFacts> = snapshots
+                .iter()
+                .filter(|s| problem(s, keys).is_none())
+                .collect();
+            let reach =
+                |s: &SnapshotFacts| s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
+            // Newest first: the newest snapshot at or before N whose archive reaches N.
+            if let Some(s) = usable.iter().find(|s| s.revision <= *n && reach(s) >= *n) {
+                return Ok(Some(if s.revision == *n {
+                    s.name.clone()
+                } else {
+                    restore_point(&s.name, *n)
+                }));
+            }
+            let range = match (usable.last(), usable.iter().map(|s| reach(s)).max()) {
+                (Some(oldest), Some(last)) => format!(
+                    "revision {} (snapshot {}) to revision {last}",
+                    oldest.revision, oldest.name
+                ),
+                _ => "no usable snapshot".into(),
+            };
+            Err(Why::NamedBackupUnusable {
+                name: format!("revision:{n}"),
+                problem: Unusable::OutsideRange { range },
             })
         }
         BackupFacts::Listed {

@@ -7,5 +7,5 @@ pub mod decide;
 pub mod types;
 pub mod upgrade;
 
-pub use decide::{decide, formation_token, snapshot_choice};
+pub use decide::{decide, formation_token, parse_restore_point, restore_point, snapshot_choice};
 pub use types::*;

@@ -414,6 +414,10 @@ pub enum Unusable {
         encrypted_to: String,
         configured: Vec<String>,
     },
+    /// A moment no usable snapshot and the archive after it reach: the range they do.
+    OutsideRange {
+        range: String,
+    },
 }
 
 impl std::fmt::Display for Unusable {
@@ -422,6 +426,7 @@ impl std::fmt::Display for Unusable {
             Unusable::NotVerified => write!(f, "failed its checksum when it was taken"),
             Unusable::DrillFailed => write!(f, "failed its restore drill"),
             Unusable::NotInStore => write!(f, "is not in the store"),
+            Unusable::OutsideRange { range } => write!(f, "is outside the restorable range ({range})"),
             Unusable::BadBytes { detail } => write!(f, "failed its checksum when this pod downloaded it ({detail}); it is tried again once its stored object or manifest changes"),
             Unusable::NoKey { encrypted_to, configured } => write!(f, "is encrypted to key {encrypted_to}, and the keys configured now ({}) do not open it: give that key with --backup-decryption-key-file; it is tried again once the configured keys change", fingerprints(configured)),
         }

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::backup::archive::replay::{self, ReplayError, ReplaySetup, Target};
 use crate::backup::catalog;
 use crate::backup::crypt::CryptError;
 use crate::backup::manifest::Manifest;
 use crate::backup::restore::{self, RestoreError};
 use crate::backup::store::Store;
 use crate::config::Config;
+use crate::decision::parse_restore_point;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::facts::{ActionKind, Facts, Failed, Rejection, SnapshotContent};
 use crate::volume::{self, journal, marker, VolumeError};
@@ -56,6 +58,9 @@ pub enum ActError {
     /// Downloading or restoring the backup a new cluster starts from.
     #[error(transparent)]
     Restore(#[from] RestoreError),
+    /// Replaying the archive onto the snapshot of a restore point.
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
     /// The snapshot the formation agreed on is not in the store (any more), or there is no
     /// store to restore it from.
     #[error("snapshot {name} cannot be restored: {why}")]
@@ -121,10 +126,13 @@ pub async fn act<C: Connector>(
             Ok(Next::Exec(StartMode::ForceNewCluster))
         }
         Action::Bootstrap(step @ Bootstrap::Prepare { marker: m }) => {
-            if let Some(name) = &m.snapshot {
+            if let Some(point) = &m.snapshot {
                 // Download and check the snapshot before offering it to the formation: a
-                // corrupt one is noted and the next round chooses another.
-                let (store, manifest) = find_snapshot(world, name).await?;
+                // corrupt one is noted and the next round chooses another. A restore point
+                // (a snapshot and archived segments) is replayed now, into the file Start
+                // restores.
+                let (store, manifest) = find_snapshot(world, point).await?;
+                let name = &manifest.name;
                 if let Err(e) = download(store, &manifest, dir).await {
                     // Remembered only for what cannot change by itself: these bytes, or
                     // these keys. A store or disk error is not remembered: it is retried.
@@ -159,6 +167,7 @@ pub async fn act<C: Connector>(
                     }
                     return Ok(Next::LookAgain(Pause::Now));
                 }
+                point_file(world, store, &manifest, point).await?;
             }
             if let Some(r) = &facts.restore_request {
                 marker::write_restored_for(dir, &r.id)?;
@@ -425,11 +434,12 @@ async fn find_snapshot<'a, C>(
     let store = world
         .store
         .ok_or_else(|| missing("no --backup-url (or --restore never) to restore it from"))?;
+    let (snapshot, _) = parse_restore_point(name);
     let manifest = catalog::list(store)
         .await
         .map_err(RestoreError::from)?
         .into_iter()
-        .find(|m| m.name == name)
+        .find(|m| m.name == snapshot)
         .ok_or_else(|| missing("it is not in the backup store"))?;
     Ok((store, manifest))
 }
@@ -454,6 +464,50 @@ async fn download(
     Ok(file)
 }
 
+/// The file restore point `name` restores from, made unless an earlier round made it: the
+/// snapshot `manifest`, downloaded and checked, with (for `<snapshot>+r<revision>`) the
+/// archive replayed onto it up to that revision. Every pod replays the same segments onto
+/// the same snapshot, so every pod's keyspace is the same.
+async fn point_file<C>(
+    world: &World<'_, C>,
+    store: &Store,
+    manifest: &Manifest,
+    name: &str,
+) -> Result<std::path::PathBuf, ActError> {
+    let dir = &world.cfg.data_dir;
+    let out = download_path(dir, name);
+    if out.exists() {
+        return Ok(out);
+    }
+    let base = download(store, manifest, dir).await?;
+    let (_, Some(revision)) = parse_restore_point(name) else {
+        return Ok(base);
+    };
+    let Some(backup) = &world.cfg.backup else {
+        return Err(ActError::SnapshotMissing {
+            name: name.to_string(),
+            why: "no --backup-url to restore it from",
+        });
+    };
+    let setup = ReplaySetup {
+        tool: backup.tool.clone(),
+        etcd_bin: world.cfg.etcd_bin.clone(),
+        work_dir: restore::staging_dir(dir).join("replay"),
+        start_timeout: Duration::from_secs(60),
+    };
+    replay::fold(
+        store,
+        manifest,
+        &base,
+        Target::Revision(revision),
+        &setup,
+        &out,
+    )
+    .await?;
+    let _ = std::fs::remove_file(&base);
+    Ok(out)
+}
+
 /// Restores snapshot `name` into this empty volume as this pod's member of the new cluster
 /// `token`. Every initial pod restores the same snapshot with the same initial cluster and
 /// token, so their member IDs agree. Idempotent: a restore already committed (its WAL in
@@ -470,7 +524,7 @@ async fn restore<C>(world: &World<'_, C>, name: &str, token: &str) -> Result<(),
     let file = if restore::has_wal(&cfg.data_dir)? {
         download_path(&cfg.data_dir, name)
     } else {
-        download(store, &manifest, &cfg.data_dir).await?
+        point_file(world, store, &manifest, name).await?
     };
     let member = restore::formation_member(&cfg.identity, cfg.replicas, token);
     restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
@@ -479,6 +533,10 @@ async fn restore<C>(world: &World<'_, C>, name: &str, token: &str) -> Result<(),
         &backup.tool,
         "this member is restored from a backup (every volume lost, or an operator's restore); writes after this snapshot are not in it",
     );
+    if let (_, Some(revision)) = parse_restore_point(name) {
+        tracing::warn!(point = %name, snapshot = %manifest.name, last_revision = revision,
+            "restore point: the snapshot with the archive replayed onto it; writes archived up to the last revision are in it");
+    }
     Ok(())
 }
 

@@ -41,6 +41,8 @@ pub fn policy(e: &ActError) -> Retry {
         // The snapshot before a new minor release: the store or the member did not answer;
         // etcd does not start without it (said in the waiting note), tried again.
         ActError::Snapshot { .. } => Retry::After(SNAPSHOT_RETRY),
+        // The archive's store, or the replay's throw-away etcd, failed: look again.
+        ActError::Replay(_) => Retry::Backoff,
         // etcd's restore tool cannot run, or refuses the snapshot: it fails the same way at
         // every try, so a restart would only loop. Wait, saying why at every round, until
         // an operator fixes the tool (or the store): never an empty cluster instead.

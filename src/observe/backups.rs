@@ -1,14 +1,21 @@
 //! What the backup store holds, as the restore choice reads it.
 
+use crate::backup::archive::{chain, stored};
 use crate::backup::catalog;
 use crate::backup::store::Store;
-use crate::facts::{BackupFacts, RestoreWanted, SnapshotContent, SnapshotFacts};
+use crate::facts::{ArchiveReach, BackupFacts, RestoreWanted, SnapshotContent, SnapshotFacts};
 
-/// What the store holds, as the restore choice reads it (`decision`); a store that does
-/// not answer is said so.
+/// What the store holds, as the restore choice reads it (`decision`): the snapshots and how
+/// far the archive's segments continue each; a store that does not answer is said so.
 pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
-    match catalog::list_stored(store).await {
-        Ok(stored) => BackupFacts::Listed {
+    let listed = match catalog::list_stored(store).await {
+        Ok(snapshots) => stored::list(store)
+            .await
+            .map(|segments| (snapshots, segments)),
+        Err(e) => Err(e),
+    };
+    match listed {
+        Ok((stored, segments)) => BackupFacts::Listed {
             wanted,
             snapshots: stored
                 .iter()
@@ -24,6 +31,15 @@ pub async fn list_backups(store: &Store, wanted: RestoreWanted) -> BackupFacts {
                         etag: object.as_ref().and_then(|o| o.e_tag.clone()),
                     },
                     key: m.encryption.as_ref().map(|e| e.key.clone()),
+                    archive: {
+                        let c = chain::chain(m.revision, &m.cluster_id, &segments);
+                        c.last_time_unix_ms.map(|t| ArchiveReach {
+                            last_revision: c.last_revision,
+                            last_time_unix_ms: t,
+                            segments: c.segments.len(),
+                            broken: c.broken.clone(),
+                        })
+                    },
                 })
                 .collect(),
             keys: store.keys().fingerprints(),

@@ -244,6 +244,7 @@ where
             (None, RestoreChoice::Never) => return BackupFacts::Off,
             (None, RestoreChoice::Latest) => RestoreWanted::Latest,
             (None, RestoreChoice::Named(name)) => RestoreWanted::Named(name.clone()),
+            (None, RestoreChoice::Revision(n)) => RestoreWanted::Revision(*n),
         };
         if !may_form {
             return BackupFacts::NotAsked;

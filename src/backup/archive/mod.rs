@@ -9,6 +9,7 @@
 //! [`writer`] makes to archive the changes of the local member, round after round.
 
 pub mod chain;
+pub mod replay;
 pub mod segment;
 pub mod stored;
 pub mod watch;

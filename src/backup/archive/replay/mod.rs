@@ -1,0 +1,479 @@
+//! Replaying the archive onto a snapshot: the snapshot is restored into a scratch
+//! directory *without* the revision jump, a throw-away etcd starts on it (as the drill's
+//! does), and every archived revision above the scratch member's is applied as **one**
+//! transaction holding that revision's puts and deletes in order, so each key keeps its
+//! original `mod_revision`. After each transaction the scratch revision must equal the
+//! archived one: a mismatch, a hole or a segment that fails its checks ends the replay
+//! there, said in the log and in the result (never a silent hole). The scratch etcd is then
+//! snapshotted through the client (etcd's trailer checked) into the file a restore uses.
+//!
+//! Leases: before a put names a lease, the lease is granted in the scratch etcd with the
+//! same ID and its recorded TTL ([`DEFAULT_LEASE_TTL`] when the archiver could not learn
+//! it), and every lease of the scratch etcd is kept alive while the replay runs (an expired
+//! lease would delete keys and add revisions). Their clocks restart at the restore.
+//!
+//! The choice of what to do with each archived revision ([`step`]), the transaction it
+//! becomes ([`txn_ops`]) and the leases it needs ([`leases_to_grant`]) are pure.
+
+mod leases;
+mod plan;
+
+pub use plan::{leases_to_grant, step, txn_ops, EarlyStop, Step, Target, DEFAULT_LEASE_TTL};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn};
+use thiserror::Error;
+use tokio::io::AsyncWriteExt;
+
+use super::segment::Segment;
+use super::stored;
+use super::{chain, SegmentManifest};
+use crate::backup::manifest::Manifest;
+use crate::backup::scratch::{self, Scratch};
+use crate::backup::snapshot::StreamCheck;
+use crate::backup::store::{Store, StoreError};
+use crate::backup::tool::{EtcdTool, ToolError};
+
+use leases::Leases;
+use plan::put_key;
+
+/// One call to the scratch etcd (a transaction, a grant) gets this long.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a replay needs besides the snapshot and the segments.
+#[derive(Debug, Clone)]
+pub struct ReplaySetup {
+    /// etcd's offline tool (its revision jump is not used here).
+    pub tool: EtcdTool,
+    /// The etcd binary the throw-away member runs (the cluster's release).
+    pub etcd_bin: PathBuf,
+    /// The agent's own scratch space for this replay: emptied first, removed after.
+    pub work_dir: PathBuf,
+    /// How long the throw-away etcd may take to serve.
+    pub start_timeout: Duration,
+}
+
+/// A completed replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// The snapshot of the scratch etcd (etcd's trailer checked): what a restore uses.
+    pub file: PathBuf,
+    /// The snapshot replayed onto.
+    pub snapshot: String,
+    /// The revision the snapshot held.
+    pub snapshot_revision: i64,
+    /// The segments at least one revision was applied from, in order.
+    pub segments: Vec<String>,
+    /// Revisions applied.
+    pub revisions: u64,
+    /// The last revision the file holds, and when the archiver received it (None: no
+    /// revision was replayed).
+    pub last_revision: i64,
+    pub last_time_unix_ms: Option<u64>,
+    /// Why the replay stopped before its target, when it did.
+    pub stopped: Option<EarlyStop>,
+    /// How long applying the revisions took.
+    pub applying: Duration,
+    /// Transactions sent again because they reached etcd before their predecessor.
+    pub resent: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    /// A segment could not be read from the store: try again later.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("restoring snapshot {name} into the replay's scratch directory: {error}")]
+    Restore { name: String, error: ToolError },
+    #[error("the replay's throw-away etcd: {detail}")]
+    Scratch { detail: String },
+    #[error("replaying revision {revision} into the throw-away etcd: {detail}")]
+    Apply { revision: i64, detail: String },
+    #[error("the replay's snapshot of the throw-away etcd: {detail}")]
+    Snapshot { detail: String },
+    #[error("replay: {op} {path:?}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ReplayError + 'a {
+    move |source| ReplayError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn scratch_err(detail: impl std::fmt::Display) -> ReplayError {
+    ReplayError::Scratch {
+        detail: detail.to_string(),
+    }
+}
+
+/// Replays `segments` (the chain continuing `snapshot_name`, in order) onto the verified
+/// local snapshot file `snapshot` up to `target`, and writes the result to `out`. A
+/// segment the store cannot serve is an error (try again); one that fails its checks ends
+/// the replay before it ([`Replayed::stopped`]).
+pub async fn replay(
+    store: &Store,
+    snapshot: &Path,
+    snapshot_name: &str,
+    segments: &[SegmentManifest],
+    target: Target,
+    setup: &ReplaySetup,
+    out: &Path,
+) -> Result<Replayed, ReplayError> {
+    let work = &setup.work_dir;
+    if work.exists() {
+        std::fs::remove_dir_all(work).map_err(io("remove", work))?;
+    }
+    crate::backup::restore::create_private_dir(work).map_err(scratch_err)?;
+    let data = work.join("data");
+    let scratch = Scratch::new("replay", &format!("replay-{snapshot_name}"))
+        .map_err(|e| scratch_err(format!("no free port: {e}")))?;
+    // Restored as it was: the revisions replayed must follow the snapshot's own.
+    let tool = EtcdTool {
+        bump_revision: 0,
+        ..setup.tool.clone()
+    };
+    tool.restore(snapshot, &scratch.member, &data)
+        .await
+        .map_err(|error| ReplayError::Restore {
+            name: snapshot_name.to_string(),
+            error,
+        })?;
+    let mut flags = vec![
+        // A revision is one transaction, however many keys it changed.
+        "--max-txn-ops=1000000".to_string(),
+        format!("--max-request-bytes={}", 256 << 20),
+        format!("--quota-backend-bytes={}", 8u64 << 30),
+    ];
+    if scratch::etcd_release(&setup.etcd_bin)
+        .await
+        .is_some_and(|v| (v.major, v.minor) >= (3, 5))
+    {
+        // Throw-away data: a crash means replaying again, not a lost write.
+        flags.push("--unsafe-no-fsync".into());
+    }
+    let log = work.join("etcd.log");
+    let mut etcd = scratch
+        .spawn(&setup.etcd_bin, &data, &flags, Some(&log))
+        .map_err(|e| scratch_err(format!("cannot start {:?}: {e}", setup.etcd_bin)))?;
+    let result = run(store, &scratch, snapshot_name, segments, target, setup, out).await;
+    let _ = etcd.kill().await;
+    let _ = etcd.wait().await;
+    match &result {
+        Ok(_) => {
+            let _ = std::fs::remove_dir_all(work);
+        }
+        Err(e) => {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: String = tail.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+            tracing::warn!(error = %e, etcd_log = %tail, "archive replay failed");
+        }
+    }
+    result
+}
+
+/// A restore point's file: the segments that continue snapshot `manifest` (the store's
+/// chain from its revision) replayed onto its verified local file `base` up to `target`,
+/// into `out`. Logs the snapshot, the segments and revisions replayed, the last revision
+/// and its time, and why the replay stopped early when it did.
+pub async fn fold(
+    store: &Store,
+    manifest: &Manifest,
+    base: &Path,
+    target: Target,
+    setup: &ReplaySetup,
+    out: &Path,
+) -> Result<Replayed, ReplayError> {
+    let all = stored::list(store).await?;
+    let c = chain::chain(manifest.revision, &manifest.cluster_id, &all);
+    let r = replay(store, base, &manifest.name, &c.segments, target, setup, out).await?;
+    let last_time = r.last_time_unix_ms.map_or_else(
+        || "none (no revision replayed)".to_string(),
+        super::rfc3339_ms,
+    );
+    tracing::warn!(snapshot = %r.snapshot, snapshot_revision = r.snapshot_revision,
+        segments = r.segments.len(), revisions_replayed = r.revisions,
+        last_revision = r.last_revision, last_time = %last_time,
+        replay_seconds = r.applying.as_secs_f64(),
+        "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
+    if let Some(why) = &r.stopped {
+        tracing::warn!(snapshot = %r.snapshot, last_revision = r.last_revision, reason = %why,
+            "the archive replay stopped before its target: the restore holds what was verified up to the last revision");
+    }
+    Ok(r)
+}
+
+async fn connect(scratch: &Scratch, timeout: Duration) -> Result<(Client, i64), ReplayError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let url = format!("http://127.0.0.1:{}", scratch.client_port);
+    loop {
+        let attempt = async {
+            let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+            let mut c = Client::connect([url.clone()], Some(options)).await?;
+            let s = c.status().await?;
+            Ok::<_, etcd_client::Error>((c, s.header().map(|h| h.revision()).unwrap_or(0)))
+        };
+        match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            Ok(Ok(ok)) => return Ok(ok),
+            Ok(Err(e)) if tokio::time::Instant::now() >= deadline => {
+                return Err(scratch_err(format!(
+                    "did not serve within {timeout:?}: {e}"
+                )))
+            }
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                return Err(scratch_err(format!("did not serve within {timeout:?}")))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+async fn run(
+    store: &Store,
+    scratch: &Scratch,
+    snapshot_name: &str,
+    segments: &[SegmentManifest],
+    target: Target,
+    setup: &ReplaySetup,
+    out: &Path,
+) -> Result<Replayed, ReplayError> {
+    let (client, snapshot_revision) = connect(scratch, setup.start_timeout).await?;
+    let mut applier = Applier {
+        kv: client.kv_client(),
+        leases: Leases::start(client.clone()).await?,
+        current: snapshot_revision,
+        guard: None,
+    };
+    let mut done = Replayed {
+        file: out.to_path_buf(),
+        snapshot: snapshot_name.to_string(),
+        snapshot_revision,
+        segments: Vec::new(),
+        revisions: 0,
+        last_revision: snapshot_revision,
+        last_time_unix_ms: None,
+        stopped: None,
+        applying: Duration::ZERO,
+        resent: 0,
+    };
+    let started = tokio::time::Instant::now();
+    let mut reached = false;
+    for m in segments {
+        if m.last_revision <= applier.current {
+            continue;
+        }
+        let segment = match stored::get(store, m).await {
+            Ok(s) => s,
+            Err(stored::SegmentError::Store(e)) => return Err(e.into()),
+            Err(e) => {
+                done.stopped = Some(EarlyStop::BadSegment {
+                    name: m.name.clone(),
+                    error: e.to_string(),
+                });
+                break;
+            }
+        };
+        let before = done.revisions;
+        let flow = applier.apply(&segment, target, &mut done).await?;
+        if done.revisions > before {
+            done.segments.push(m.name.clone());
+        }
+        match flow {
+            Flow::Continue => {}
+            Flow::Reached => {
+                reached = true;
+                break;
+            }
+            Flow::Stop(why) => {
+                done.stopped = Some(why);
+                break;
+            }
+        }
+    }
+    done.applying = started.elapsed();
+    if let (Target::Revision(n), None, false) = (target, &done.stopped, reached) {
+        if applier.current < n {
+            done.stopped = Some(EarlyStop::ArchiveEnds {
+                last: applier.current,
+                target: n,
+            });
+        }
+    }
+    drop(applier);
+    snapshot_to(&client, out).await?;
+    Ok(done)
+}
+
+/// Transactions in flight at once. Each one after the first carries a guard (its
+/// predecessor's key is at its predecessor's revision), so one that reaches etcd before
+/// its predecessor changes nothing and is sent again: the order is etcd's, proven, not
+/// assumed. A revision whose predecessor put nothing (deletes only) has no such key: it
+/// waits until everything before it is answered.
+const WINDOW: usize = 64;
+
+/// Where one segment's replay left off.
+enum Flow {
+    Continue,
+    Reached,
+    Stop(EarlyStop),
+}
+
+struct Applier {
+    kv: etcd_client::KvClient,
+    leases: Leases,
+    /// The scratch etcd's revision, as its last answer said.
+    current: i64,
+    /// A key the revision `current` put (its guard for the next revision).
+    guard: Option<Vec<u8>>,
+}
+
+type Answer = (
+    usize,
+    bool,
+    Result<Result<etcd_client::TxnResponse, etcd_client::Error>, tokio::time::error::Elapsed>,
+);
+
+impl Applier {
+    /// Applies `segment`'s revisions above `current`, up to `target`.
+    async fn apply(
+        &mut self,
+        segment: &Segment,
+        target: Target,
+        done: &mut Replayed,
+    ) -> Result<Flow, ReplayError> {
+        use futures_util::stream::{FuturesOrdered, StreamExt};
+        let revs = &segment.revisions;
+        let mut inflight: FuturesOrdered<
+            std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>,
+        > = FuturesOrdered::new();
+        let mut next = 0usize;
+        // The last revision sent, and a key it puts.
+        let (mut sent, mut sent_guard) = (self.current, self.guard.clone());
+        let mut flow = Flow::Continue;
+        let mut filling = true;
+        loop {
+            while filling && inflight.len() < WINDOW && next < revs.len() {
+                let rev = &revs[next];
+                match step(sent, rev, target) {
+                    Step::Skip => {
+                        next += 1;
+                        continue;
+                    }
+                    Step::Done => {
+                        (flow, filling) = (Flow::Reached, false);
+                        break;
+                    }
+                    Step::Stop(why) => {
+                        (flow, filling) = (Flow::Stop(why), false);
+                        break;
+                    }
+                    Step::Apply => {}
+                }
+                let alone = inflight.is_empty();
+                if !alone && sent_guard.is_none() {
+                    break;
+                }
+                for (id, ttl) in leases_to_grant(rev, &segment.leases, &self.leases.known) {
+                    self.leases.grant(id, ttl, rev.revision).await?;
+                }
+                let mut txn = Txn::new();
+                if let Some(key) = sent_guard.take() {
+                    txn = txn.when([Compare::mod_revision(key, CompareOp::Equal, sent)]);
+                }
+                let txn = txn.and_then(txn_ops(rev));
+                let mut kv = self.kv.clone();
+                let index = next;
+                inflight.push_back(Box::pin(async move {
+                    (
+                        index,
+                        alone,
+                        tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn)).await,
+                    )
+                }));
+                (sent, sent_guard) = (rev.revision, put_key(rev));
+                next += 1;
+            }
+            let Some((index, alone, answer)) = inflight.next().await else {
+                return Ok(flow);
+            };
+            let rev = &revs[index];
+            let failed = |detail: String| ReplayError::Apply {
+                revision: rev.revision,
+                detail,
+            };
+            let answer = answer
+                .map_err(|_| failed(format!("no answer within {CALL_TIMEOUT:?}")))?
+                .map_err(|e| failed(e.to_string()))?;
+            let served = answer.header().map(|h| h.revision()).unwrap_or(0);
+            if !answer.succeeded() && !alone {
+                // It reached etcd before its predecessor: nothing changed. So did every
+                // later one in flight (each is guarded by the one before); send again.
+                while let Some((_, _, later)) = inflight.next().await {
+                    if let Ok(Ok(a)) = later {
+                        if a.succeeded() {
+                            return Err(failed(
+                                "a later revision was applied before it: the scratch etcd is not usable".into(),
+                            ));
+                        }
+                    }
+                }
+                done.resent += 1;
+                (next, sent, sent_guard) = (index, self.current, self.guard.clone());
+                (flow, filling) = (Flow::Continue, true);
+                continue;
+            }
+            if !answer.succeeded() || served != rev.revision {
+                // Whatever a transaction did is in the scratch etcd now, and in its snapshot.
+                if answer.succeeded() && served > self.current {
+                    self.current = served;
+                    done.last_revision = served;
+                }
+                while inflight.next().await.is_some() {}
+                return Ok(Flow::Stop(EarlyStop::Mismatch {
+                    archived: rev.revision,
+                    served,
+                }));
+            }
+            self.current = rev.revision;
+            self.guard = put_key(rev);
+            done.revisions += 1;
+            done.last_revision = rev.revision;
+            done.last_time_unix_ms = Some(rev.time_unix_ms);
+        }
+    }
+}
+
+/// The scratch etcd's snapshot into `out` (as `out.partial` first), etcd's trailer checked.
+async fn snapshot_to(client: &Client, out: &Path) -> Result<(), ReplayError> {
+    let partial = out.with_extension("partial");
+    let failed = |detail: String| ReplayError::Snapshot { detail };
+    let mut maintenance = client.maintenance_client();
+    let mut stream = maintenance
+        .snapshot()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let mut file = tokio::fs::File::create(&partial)
+        .await
+        .map_err(io("create", &partial))?;
+    let mut check = StreamCheck::trailer_only();
+    while let Some(resp) = stream.message().await.map_err(|e| failed(e.to_string()))? {
+        check.update(resp.blob());
+        file.write_all(resp.blob())
+            .await
+            .map_err(io("write", &partial))?;
+    }
+    file.sync_all().await.map_err(io("sync", &partial))?;
+    drop(file);
+    if let Err(why) = check.finish().trailer {
+        let _ = std::fs::remove_file(&partial);
+        return Err(failed(why));
+    }
+    std::fs::rename(&partial, out).map_err(io("rename", out))
+}

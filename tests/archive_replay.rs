@@ -1,0 +1,388 @@
+//! The archive replay against real parts: etcd 3.5.30 on 127.0.0.1, a `file://` store,
+//! segments made from the live member's own watch (`support/archive.rs`). Each replayed
+//! file is restored (without a revision jump) into another etcd and its keyspace compared,
+//! key by key, with the live member's at the same revision.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/archive.rs"]
+mod archive;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_steward::backup::archive::replay::{self, EarlyStop, ReplaySetup, Replayed, Target};
+use etcd_steward::backup::archive::segment::{Op, Revision};
+use etcd_steward::backup::archive::SegmentManifest;
+use etcd_steward::backup::manifest::Manifest;
+use etcd_steward::backup::restore;
+use etcd_steward::backup::snapshot::{self, EtcdSource, EtcdTarget};
+use etcd_steward::backup::store::Store;
+use etcd_steward::backup::tool::{EtcdTool, MemberParams};
+
+const RELEASE: harness::Etcd = harness::Etcd::V3_5Current;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member on 127.0.0.1, killed on drop.
+struct Etcd {
+    child: Child,
+    client: u16,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Etcd {
+    async fn start(name: &str, data: &Path, peer: u16) -> Etcd {
+        let client = free_port();
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client}");
+        let log = data.with_extension("etcd.log");
+        let child = Command::new(RELEASE.bin())
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={name}={peer_url}"))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let etcd = Etcd { child, client };
+        harness::wait_for(Duration::from_secs(30), "etcd serves", || async {
+            match etcd.try_client().await {
+                Ok(mut c) => c.get("probe", None).await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        etcd
+    }
+
+    async fn try_client(&self) -> Result<Client, etcd_client::Error> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(10));
+        Client::connect([format!("http://127.0.0.1:{}", self.client)], Some(options)).await
+    }
+
+    async fn client(&self) -> Client {
+        self.try_client().await.unwrap()
+    }
+
+    async fn revision(&self) -> i64 {
+        let s = self.client().await.status().await.unwrap();
+        s.header().unwrap().revision()
+    }
+
+    fn target(&self) -> EtcdTarget {
+        EtcdTarget {
+            host: "127.0.0.1".into(),
+            ip: [127, 0, 0, 1].into(),
+            port: self.client,
+            tls: None,
+            auth: None,
+        }
+    }
+}
+
+/// Every key, as (key, value, create_revision, mod_revision, version, lease), at `at`
+/// (`None`: now).
+type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+async fn keyspace(c: &mut Client, at: Option<i64>) -> Vec<Kv> {
+    let mut options = GetOptions::new().with_all_keys();
+    if let Some(r) = at {
+        options = options.with_revision(r);
+    }
+    c.get("", Some(options))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}
+
+fn store(dir: &Path) -> Store {
+    Store::open(&format!("file://{}", dir.join("store").display())).unwrap()
+}
+
+/// A snapshot of `live` into `store`, downloaded (verified) to a local file.
+async fn snapshot_of(live: &Etcd, store: &Store, dir: &Path) -> (Manifest, PathBuf) {
+    let source = EtcdSource::connect(&live.target()).await.unwrap();
+    let m = snapshot::take(&source, store, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(m.verified);
+    let file = dir.join(format!("{}.db", m.name));
+    restore::fetch_verified(store, &m, &file).await.unwrap();
+    (m, file)
+}
+
+fn setup(dir: &Path) -> ReplaySetup {
+    ReplaySetup {
+        tool: EtcdTool::from_bin(RELEASE.offline_tool()),
+        etcd_bin: RELEASE.bin(),
+        work_dir: dir.join("replay-work"),
+        start_timeout: Duration::from_secs(30),
+    }
+}
+
+/// Restores `file` as it is (no revision jump) and starts etcd on it.
+async fn started_from(file: &Path, dir: &Path, name: &str) -> Etcd {
+    let peer = free_port();
+    let member = MemberParams {
+        name: name.into(),
+        initial_cluster: format!("{name}=http://127.0.0.1:{peer}"),
+        token: format!("t-{name}"),
+        peer_url: format!("http://127.0.0.1:{peer}"),
+    };
+    let data = dir.join(name);
+    EtcdTool::from_bin(RELEASE.offline_tool())
+        .restore(file, &member, &data)
+        .await
+        .unwrap();
+    Etcd::start(name, &data, peer).await
+}
+
+const T0: u64 = 1_795_000_000_000;
+
+fn time_of(revision: i64) -> u64 {
+    T0 + u64::try_from(revision).unwrap() * 1000
+}
+
+/// A live member with 20 keys, a snapshot of it, and then writes of every kind: leased
+/// puts (TTL 30 s), overwrites, a delete, a transaction of puts and a delete, a range
+/// delete of 11 keys at one revision. Returns the live member, the snapshot, its local
+/// file, the segments (`per` revisions each) and the last revision.
+async fn written(
+    dir: &Path,
+    store: &Store,
+    per: usize,
+) -> (Etcd, Manifest, PathBuf, Vec<SegmentManifest>, i64) {
+    let live = Etcd::start("live", &dir.join("live"), free_port()).await;
+    let mut c = live.client().await;
+    for i in 0..20 {
+        c.put(format!("/k/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let (m, file) = snapshot_of(&live, store, dir).await;
+    let lease = c.lease_grant(30, None).await.unwrap().id();
+    let leased = Some(PutOptions::new().with_lease(lease));
+    c.put("/leased/a", "a", leased.clone()).await.unwrap();
+    c.put("/k/1", "overwritten", None).await.unwrap();
+    c.put("/leased/b", "b", leased).await.unwrap();
+    c.delete("/k/2", None).await.unwrap();
+    c.txn(Txn::new().and_then([
+        TxnOp::put("/t/x", "x", None),
+        TxnOp::delete("/k/3", None),
+        TxnOp::put("/t/y", "y", None),
+    ]))
+    .await
+    .unwrap();
+    c.delete(
+        "/k/1",
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    for i in 0..5 {
+        c.put(format!("/after/{i}"), vec![b'x'; 1024], None)
+            .await
+            .unwrap();
+    }
+    c.put("/k/2", "back", None).await.unwrap();
+    let last = live.revision().await;
+    let segments = archive::archive(&mut c, store, 0xc1, m.revision + 1, last, per, time_of).await;
+    (live, m, file, segments, last)
+}
+
+async fn replayed(
+    store: &Store,
+    m: &Manifest,
+    file: &Path,
+    segments: &[SegmentManifest],
+    target: Target,
+    dir: &Path,
+) -> Replayed {
+    let out = dir.join("folded.db");
+    let _ = std::fs::remove_file(&out);
+    replay::replay(store, file, &m.name, segments, target, &setup(dir), &out)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_replay_brings_back_every_key_at_its_original_revision_and_its_leases_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, file, segments, last) = written(dir.path(), &store, 3).await;
+    let expected = keyspace(&mut live.client().await, None).await;
+    let r = replayed(&store, &m, &file, &segments, Target::End, dir.path()).await;
+    assert_eq!(r.stopped, None, "{r:?}");
+    assert_eq!(r.snapshot_revision, m.revision);
+    assert_eq!(r.last_revision, last);
+    assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
+    assert_eq!(r.last_time_unix_ms, Some(time_of(last)));
+    assert_eq!(r.segments.len(), segments.len());
+    assert!(
+        !dir.path().join("replay-work").exists(),
+        "scratch left behind"
+    );
+    let restored = started_from(&r.file, dir.path(), "restored").await;
+    assert_eq!(restored.revision().await, last);
+    let mut c = restored.client().await;
+    let got = keyspace(&mut c, None).await;
+    assert_eq!(got, expected);
+    let leased: Vec<&Kv> = got.iter().filter(|kv| kv.5 != 0).collect();
+    assert_eq!(leased.len(), 2, "{got:?}");
+    for kv in leased {
+        let ttl = c.lease_time_to_live(kv.5, None).await.unwrap();
+        assert_eq!(ttl.granted_ttl(), 30, "lease {:x}", kv.5);
+        assert!(ttl.ttl() > 0, "the lease is alive after the restore");
+    }
+}
+
+#[tokio::test]
+async fn a_replay_to_a_revision_or_to_a_time_stops_at_the_last_revision_not_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, file, segments, last) = written(dir.path(), &store, 4).await;
+    let mid = m.revision + 5;
+    assert!(mid < last);
+    let expected = keyspace(&mut live.client().await, Some(mid)).await;
+    let by_revision = replayed(
+        &store,
+        &m,
+        &file,
+        &segments,
+        Target::Revision(mid),
+        dir.path(),
+    )
+    .await;
+    assert_eq!(
+        (by_revision.last_revision, by_revision.stopped),
+        (mid, None)
+    );
+    let restored = started_from(&by_revision.file, dir.path(), "by-revision").await;
+    assert_eq!(keyspace(&mut restored.client().await, None).await, expected);
+    drop(restored);
+    // Half a second after revision `mid` was received: `mid` is the last one at or before.
+    let at = Target::Time {
+        unix_ms: time_of(mid) + 500,
+    };
+    let by_time = replayed(&store, &m, &file, &segments, at, dir.path()).await;
+    assert_eq!(by_time.last_revision, mid);
+    assert_eq!(by_time.last_time_unix_ms, Some(time_of(mid)));
+    let restored = started_from(&by_time.file, dir.path(), "by-time").await;
+    assert_eq!(keyspace(&mut restored.client().await, None).await, expected);
+    // Beyond the archive: said, not silently short.
+    let beyond = replayed(
+        &store,
+        &m,
+        &file,
+        &segments,
+        Target::Revision(last + 10),
+        dir.path(),
+    )
+    .await;
+    assert_eq!(
+        beyond.stopped,
+        Some(EarlyStop::ArchiveEnds {
+            last,
+            target: last + 10
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_corrupted_segment_ends_the_replay_before_it_and_what_was_verified_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, file, segments, _) = written(dir.path(), &store, 3).await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let bad = &segments[1];
+    let path = dir.path().join("store").join(bad.seg_object());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let r = replayed(&store, &m, &file, &segments, Target::End, dir.path()).await;
+    match &r.stopped {
+        Some(EarlyStop::BadSegment { name, error }) => {
+            assert_eq!(name, &bad.name);
+            assert!(error.contains("checksum"), "{error}");
+        }
+        other => panic!("not stopped by the bad segment: {other:?}"),
+    }
+    assert_eq!(r.last_revision, segments[0].last_revision);
+    assert_eq!(r.segments, vec![segments[0].name.clone()]);
+    let expected = keyspace(&mut live.client().await, Some(segments[0].last_revision)).await;
+    let restored = started_from(&r.file, dir.path(), "restored").await;
+    assert_eq!(keyspace(&mut restored.client().await, None).await, expected);
+}
+
+/// Replay speed (BENCHMARKS.md): an empty member's snapshot, then `N` revisions each
+/// putting a 1 KiB value (1,000 keys overwritten in turn), in segments of 2,000.
+/// `cargo test --release --test archive_replay -- --ignored --nocapture replay_speed`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn replay_speed_with_1_kib_values() {
+    const N: i64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let live = Etcd::start("empty", &dir.path().join("empty"), free_port()).await;
+    let (m, file) = snapshot_of(&live, &store, dir.path()).await;
+    drop(live);
+    let base = m.revision;
+    let revs: Vec<Revision> = (1..=N)
+        .map(|i| Revision {
+            revision: base + i,
+            time_unix_ms: time_of(base + i),
+            ops: vec![Op::Put {
+                key: format!("/bench/{:04}", i % 1000).into_bytes(),
+                value: vec![b'v'; 1024],
+                lease: 0,
+            }],
+        })
+        .collect();
+    let segments = archive::put_segments(&store, 0xc1, &revs, &Default::default(), 2000).await;
+    let started = std::time::Instant::now();
+    let r = replayed(&store, &m, &file, &segments, Target::End, dir.path()).await;
+    let total = started.elapsed();
+    assert_eq!((r.last_revision, r.stopped.clone()), (base + N, None));
+    println!(
+        "replay: {} revisions applied in {:.2?} = {:.0} revisions/s, {} resent (whole replay incl. restore, start, snapshot: {:.2?})",
+        r.revisions,
+        r.applying,
+        r.revisions as f64 / r.applying.as_secs_f64(),
+        r.resent,
+        total
+    );
+}

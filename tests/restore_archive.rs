@@ -1,0 +1,279 @@
+//! Every volume lost, with the archive continuing the newest snapshot: the cluster comes back
+//! from the snapshot with every archived revision replayed onto it, each key at its original
+//! `mod_revision`, leased keys on leases with their TTLs, and the revision moved past every
+//! one served. Real etcd 3.5.30, dnsmasq, `init`, `sidecar` and `backup` processes on
+//! loopback, a `file://` store; the segments are made from the cluster's own watch
+//! (`support/archive.rs`), as the sidecar's archiver writes them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/archive.rs"]
+mod archive;
+
+use std::path::Path;
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_steward::backup::store::Store;
+use harness::loopback::Set;
+use harness::{wait_for, Etcd};
+
+const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
+const FORM: Duration = Duration::from_secs(60);
+
+/// A three-pod set formed with backups in `store`, `--restore latest`.
+async fn formed(etcd: Etcd, store: &Path) -> Set {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec![
+        format!("--backup-url=file://{}", store.display()),
+        format!(
+            "--backup-scratch-dir={}",
+            set.root().join("scratch").display()
+        ),
+        "--backup-interval=1h".into(),
+        "--restore=latest".into(),
+    ];
+    set.extra_args
+        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
+    set.start_all(FORM).await.unwrap();
+    wait_for(FORM, "the leader's sidecar's first snapshot", || async {
+        std::fs::read_dir(store.join("snapshots")).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
+        })
+    })
+    .await;
+    set
+}
+
+/// `etcd-steward backup` through pod `o`'s member: its manifest.
+async fn backup_now(set: &Set, o: u32) -> serde_json::Value {
+    let out = tokio::process::Command::new(STEWARD)
+        .arg("backup")
+        .args(set.common_args(o))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "backup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// (key, value, create_revision, mod_revision, version, lease) of every key under the
+/// prefixes the test writes.
+type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+async fn written_keys(c: &mut Client, at: Option<i64>) -> Vec<Kv> {
+    let mut out = Vec::new();
+    for prefix in ["k/", "leased/", "late/"] {
+        let mut options = GetOptions::new().with_prefix();
+        if let Some(r) = at {
+            options = options.with_revision(r);
+        }
+        let r = c.get(prefix, Some(options)).await.unwrap();
+        out.extend(r.kvs().iter().map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        }));
+    }
+    out
+}
+
+async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 20).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let (name, from) = (
+        snapshot["name"].as_str().unwrap().to_string(),
+        snapshot["revision"].as_i64().unwrap(),
+    );
+    // Written after the newest snapshot: only the archive has them.
+    let mut c = set.client(0).await.unwrap();
+    let lease = c.lease_grant(90, None).await.unwrap().id();
+    let leased = Some(PutOptions::new().with_lease(lease));
+    c.put("leased/a", "a", leased.clone()).await.unwrap();
+    c.put("k/1", "overwritten", None).await.unwrap();
+    c.put("leased/b", "b", leased).await.unwrap();
+    c.delete("k/2", None).await.unwrap();
+    for i in 0..5 {
+        c.put(format!("late/{i}"), vec![b'x'; 1024], None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let expected = written_keys(&mut c, None).await;
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    let segments = archive::archive(&mut c, &store, cluster, from + 1, last, 4, |_| {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap()
+    })
+    .await;
+    assert!(segments.len() >= 2, "{segments:?}");
+    let mut served = 0;
+    for o in 0..3 {
+        served = served.max(set.revision(o).await.unwrap());
+    }
+    drop(c);
+
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let point = format!("{name}+r{last}");
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        let got = written_keys(&mut c, None).await;
+        assert_eq!(got, expected, "pod {o}: every key at its original revision");
+        for kv in got.iter().filter(|kv| kv.0.starts_with(b"leased/")) {
+            assert_eq!(kv.5, lease, "pod {o}: {:?} keeps its lease", kv.0);
+            let ttl = c.lease_time_to_live(kv.5, None).await.unwrap();
+            assert_eq!(ttl.granted_ttl(), 90, "pod {o}: the lease's TTL");
+            assert!(ttl.ttl() > 0, "pod {o}: the lease is alive");
+        }
+        let now = set.revision(o).await.unwrap();
+        assert!(
+            now > served,
+            "pod {o}: revision {now} is above the {served} served before the loss"
+        );
+        let logs = set.logs(o);
+        assert!(
+            logs.contains("archive replayed onto the snapshot") && logs.contains(&point),
+            "pod {o} says what it replayed and restored:\n{}",
+            set.dump()
+        );
+    }
+    set.shutdown().await;
+}
+
+/// The archive's second segment is corrupted after it was stored: every pod's replay ends
+/// before it, says so, and the cluster comes back with what was verified (the snapshot and
+/// the first segment), not with nothing and not with a hole.
+async fn a_corrupted_segment_restores_what_was_verified_before_it(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 10).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let from = snapshot["revision"].as_i64().unwrap();
+    let mut c = set.client(0).await.unwrap();
+    for i in 0..8 {
+        c.put(format!("late/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    let segments = archive::archive(&mut c, &store, cluster, from + 1, last, 3, |r| {
+        1_795_000_000_000 + u64::try_from(r).unwrap()
+    })
+    .await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let verified_up_to = segments[0].last_revision;
+    let expected = written_keys(&mut c, Some(verified_up_to)).await;
+    drop(c);
+    let object = store_dir.path().join(segments[1].seg_object());
+    let mut bytes = std::fs::read(&object).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&object, bytes).unwrap();
+
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        assert_eq!(
+            written_keys(&mut c, None).await,
+            expected,
+            "pod {o}: the keyspace up to the last verified revision {verified_up_to}"
+        );
+        let logs = set.logs(o);
+        assert!(
+            logs.contains("the archive replay stopped before its target")
+                && logs.contains(&segments[1].name),
+            "pod {o} says where the replay stopped and which segment is bad:\n{}",
+            set.dump()
+        );
+    }
+    set.shutdown().await;
+}
+
+/// `--restore revision:N`, every volume lost: the cluster comes back as it was at revision N
+/// (the snapshot before it and the archive up to N), not at the archive's end.
+async fn every_volume_lost_with_restore_revision_comes_back_at_that_revision(etcd: Etcd) {
+    let store_dir = tempfile::tempdir().unwrap();
+    let mut set = formed(etcd, store_dir.path()).await;
+    set.put_keys("k", 10).await.unwrap();
+    let snapshot = backup_now(&set, 0).await;
+    let from = snapshot["revision"].as_i64().unwrap();
+    let mut c = set.client(0).await.unwrap();
+    for i in 0..8 {
+        c.put(format!("late/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let last = c.status().await.unwrap().header().unwrap().revision();
+    let cluster = set.cluster_id(0).await.unwrap();
+    let store = Store::open(&format!("file://{}", store_dir.path().display())).unwrap();
+    archive::archive(&mut c, &store, cluster, from + 1, last, 3, |r| {
+        1_795_000_000_000 + u64::try_from(r).unwrap()
+    })
+    .await;
+    let moment = from + 4;
+    let expected = written_keys(&mut c, Some(moment)).await;
+    drop(c);
+    for a in set.extra_args.iter_mut() {
+        if a.starts_with("--restore=") {
+            *a = format!("--restore=revision:{moment}");
+        }
+    }
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        assert_eq!(
+            written_keys(&mut c, None).await,
+            expected,
+            "pod {o}: the keyspace at revision {moment}"
+        );
+    }
+    set.shutdown().await;
+}
+
+harness::per_etcd_version!(
+    [V3_5Current]:
+    every_volume_lost_with_restore_revision_comes_back_at_that_revision,
+    every_volume_lost_comes_back_with_every_archived_write_at_its_revision,
+    a_corrupted_segment_restores_what_was_verified_before_it,
+);
