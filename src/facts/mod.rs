@@ -7,6 +7,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+mod backups;
+pub use backups::*;
+
 /// Member and cluster IDs as etcd prints them: lowercase hex.
 pub mod hex_id {
     use serde::{Deserialize, Deserializer, Serializer};
@@ -151,53 +154,6 @@ pub struct LeftMarker {
     pub ts: u64,
     #[serde(with = "hex_id")]
     pub member_id: u64,
-}
-
-/// A snapshot this pod downloaded to restore a new cluster from and could not use. It is
-/// remembered only for what cannot change by itself: the same bytes, or the same keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rejection {
-    pub name: String,
-    #[serde(flatten)]
-    pub failed: Failed,
-}
-
-/// What a rejected snapshot failed, and on what: the content it was found wanting in, and
-/// for a key that does not open it, the keys tried.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "failed", rename_all = "kebab-case")]
-pub enum Failed {
-    /// The downloaded bytes did not match the manifest's SHA-256 and size, etcd's own
-    /// checksum, or (encrypted) the ciphertext's authentication: those bytes never will.
-    Checksum {
-        content: SnapshotContent,
-        detail: String,
-    },
-    /// No configured key opens it: it is encrypted to `encrypted_to`, and `configured` are
-    /// the fingerprints of the keys that were tried (none: no key was configured).
-    Key {
-        content: SnapshotContent,
-        encrypted_to: String,
-        configured: Vec<String>,
-    },
-    /// Written by an etcd-steward that recorded only the name and a sentence (a list of
-    /// `[name, detail]` pairs): neither the content nor the keys are known.
-    Unrecorded { detail: String },
-}
-
-/// What a stored snapshot's bytes are, as far as the store and the manifest say: another
-/// object uploaded under the same name (another ETag or size) or a rewritten manifest
-/// (another SHA-256) is other content.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotContent {
-    /// The SHA-256 the manifest gives for the stored object.
-    pub sha256: String,
-    /// The stored object's size, as the store lists it (`None`: not listed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-    /// The stored object's ETag (`None`: not listed, or the store gives none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etag: Option<String>,
 }
 
 /// What the data directory holds.
@@ -569,73 +525,6 @@ pub struct PeerFacts {
     pub dns: Lookup,
     /// The sidecar's report; `None` when it was not asked (name not resolved).
     pub report: Option<Result<PeerReport, String>>,
-}
-
-/// What the backup store offers a cluster that must be formed anew.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackupFacts {
-    /// No `--backup-url`, or `--restore never`: a new cluster starts empty.
-    Off,
-    /// Not asked this round (a cluster answered, or this volume holds data).
-    NotAsked,
-    /// The store could not be listed: no proof that there is nothing to restore.
-    Unreachable { error: String },
-    /// The store's snapshots, newest first, which one `--restore` wants, and the
-    /// fingerprints of the decryption keys configured now (sorted; empty: none).
-    Listed {
-        wanted: RestoreWanted,
-        snapshots: Vec<SnapshotFacts>,
-        keys: Vec<String>,
-    },
-}
-
-impl BackupFacts {
-    /// Snapshot `name`, when the store listed it this round.
-    pub fn snapshot(&self, name: &str) -> Option<&SnapshotFacts> {
-        match self {
-            BackupFacts::Listed { snapshots, .. } => snapshots.iter().find(|s| s.name == name),
-            _ => None,
-        }
-    }
-}
-
-/// `--restore`: `latest` or a snapshot's name (`never` is [`BackupFacts::Off`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RestoreWanted {
-    Latest,
-    Named(String),
-    /// `revision:N`.
-    Revision(i64),
-}
-
-/// One snapshot in the store, as its manifest describes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SnapshotFacts {
-    pub name: String,
-    pub revision: i64,
-    /// When it was taken, unix seconds.
-    pub time_unix: u64,
-    /// etcd's checksum matched while it streamed into the store.
-    pub verified: bool,
-    /// A restore drill of it failed.
-    pub drill_failed: bool,
-    /// The stored object's identity: a rejection holds only for the same content.
-    pub content: SnapshotContent,
-    /// The fingerprint of the key it is encrypted to (`None`: not encrypted).
-    pub key: Option<String>,
-    /// How far archived segments continue it (`None`: none does).
-    pub archive: Option<ArchiveReach>,
-}
-
-/// How far the archive's segments continue a snapshot without a hole (the store's chain):
-/// its last revision, when the archiver received it (Unix ms), and why it stops, if it does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArchiveReach {
-    pub last_revision: i64,
-    pub last_time_unix_ms: u64,
-    pub segments: usize,
-    pub broken: Option<String>,
 }
 
 /// The kinds of action `init` takes, as logs, metrics and the journal name them.
