@@ -44,8 +44,14 @@ fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
         // One snapshot at the start: the rest of the history is the archive's.
         set.extra_args.push("--backup-interval=1h".to_string());
     }
+    if !backup_args
+        .iter()
+        .any(|a| a.starts_with("--archive-interval"))
+    {
+        set.extra_args
+            .push(format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs()));
+    }
     set.extra_args.extend([
-        format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs()),
         format!("--etcd-bin={}", etcd.bin().display()),
         format!("--etcdutl-bin={}", etcd.offline_tool().display()),
         format!("--backup-scratch-dir={}", scratch.display()),
@@ -268,6 +274,20 @@ async fn metric_until(set: &Set, o: u32, series: &str, ok: impl Fn(f64) -> bool)
     }
 }
 
+/// The cluster's ID, hexadecimal, as a pod answers it (asked again for up to 10 s: right
+/// after the formation a call may fail once).
+async fn cluster_of(set: &Set) -> String {
+    for _ in 0..50 {
+        for o in 0..3 {
+            if let Ok(id) = set.cluster_id(o).await {
+                return format!("{id:x}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no pod tells its cluster ID{}", set.dump())
+}
+
 /// The store of a `file://` URL.
 fn file_store(dir: &std::path::Path) -> (String, Store) {
     let url = format!("file://{}", dir.display());
@@ -282,7 +302,7 @@ async fn a_leader_change_mid_archive_leaves_no_gap(etcd: Etcd) {
     let (url, store) = file_store(&dir.path().join("store"));
     let mut reaper = DrillReaper(None);
     let mut set = formed(etcd, &url, &[], &mut reaper).await;
-    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
 
     let mut written = Written::default();
@@ -348,7 +368,7 @@ async fn a_store_down_for_a_while_is_caught_up_after(etcd: Etcd) {
     let (url, store) = file_store(&store_dir);
     let mut reaper = DrillReaper(None);
     let mut set = formed(etcd, &url, &[], &mut reaper).await;
-    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
     let mut written = Written::default();
     written.puts(&set, "/first", 10, 0).await;
@@ -386,7 +406,7 @@ async fn a_compaction_that_outruns_the_archive_is_a_break_and_the_chain_resumes(
     let (url, store) = file_store(&store_dir);
     let mut reaper = DrillReaper(None);
     let mut set = formed(etcd, &url, &[], &mut reaper).await;
-    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
     let mut written = Written::default();
     written.puts(&set, "/first", 10, 0).await;
@@ -455,7 +475,7 @@ async fn encrypted_segments_in_s3_read_back_only_with_the_key() {
     let mut reaper = DrillReaper(None);
     let key_arg = format!("--backup-encryption-key-file={}", key_file.display());
     let mut set = formed(Etcd::V3_5, &url, &[key_arg], &mut reaper).await;
-    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let cluster = cluster_of(&set).await;
     let key = Key::load(&key_file).unwrap();
     let store = Store::open(&url).unwrap().with_keys(Keys {
         write: Some(key.clone()),
@@ -505,7 +525,7 @@ async fn segments_leave_the_store_with_the_snapshots_they_continue() {
         "--backup-keep=1".to_string(),
     ];
     let mut set = formed(Etcd::V3_5, &url, &extra, &mut reaper).await;
-    let cluster = format!("{:x}", set.cluster_id(0).await.unwrap());
+    let cluster = cluster_of(&set).await;
     let mut written = Written::default();
     written.puts(&set, "/old", 20, 0).await;
     let old = written.last();
@@ -562,4 +582,67 @@ async fn segments_leave_the_store_with_the_snapshots_they_continue() {
     let a = reaches(&store, &cluster, written.last(), &set).await;
     assert_eq!(a.broken, None);
     set.shutdown().await;
+}
+
+/// The leader's sidecar's CPU time (user + system, seconds) and peak RSS (KiB).
+fn footprint(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    (ticks as f64 / 100.0, hwm)
+}
+
+/// The cost of archiving (BENCHMARKS.md): the leader's sidecar's CPU and peak RSS over a
+/// minute of 100 writes/s (1 KiB values), archiving at the default 5 s and off, and the
+/// segments stored. `cargo test --test archive -- --ignored --nocapture measure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn measure_archive_cost_at_100_writes_per_second() {
+    for interval in ["5s", "0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, store) = file_store(&dir.path().join("store"));
+        let mut reaper = DrillReaper(None);
+        let extra = [format!("--archive-interval={interval}")];
+        let mut set = formed(Etcd::V3_5Current, &url, &extra, &mut reaper).await;
+        let leader = set.leader().await.unwrap();
+        // Past the first backup round and its drill.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let pid = set.sidecar_pid(leader).unwrap();
+        let (cpu0, _) = footprint(pid);
+        let mut c = set.client(leader).await.unwrap();
+        let value = vec![b'x'; 1024];
+        let start = tokio::time::Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < Duration::from_secs(60) {
+            c.put(format!("/bench/{:06}", n % 5000), value.clone(), None)
+                .await
+                .unwrap();
+            n += 1;
+            let due = start + Duration::from_millis(n * 10);
+            tokio::time::sleep_until(due).await;
+        }
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let (cpu1, hwm) = footprint(pid);
+        let segments = stored::list(&store).await.unwrap();
+        let bytes: u64 = segments.iter().map(|m| m.size).sum();
+        let plain: u64 = segments.iter().map(|m| m.plain_size).sum();
+        println!(
+            "archive-interval={interval}: {n} writes in 60 s; leader sidecar CPU {:.2} s ({:.1}%), peak RSS {} KiB; {} segments, {} bytes stored ({} before zstd)",
+            cpu1 - cpu0,
+            (cpu1 - cpu0) / 66.0 * 100.0,
+            hwm,
+            segments.len(),
+            bytes,
+            plain
+        );
+        set.shutdown().await;
+    }
 }

@@ -113,11 +113,30 @@ pub async fn put(
 /// Every readable segment manifest, in revision order. An unreadable one is logged and
 /// left out (its revisions are then a hole the chain reports).
 pub async fn list(store: &Store) -> Result<Vec<SegmentManifest>, StoreError> {
+    list_where(store, |_| true).await
+}
+
+/// The readable segment manifests of segments reaching past `revision` (by their names:
+/// one GET per segment that matters, not per segment stored), in revision order.
+pub async fn list_after(store: &Store, revision: i64) -> Result<Vec<SegmentManifest>, StoreError> {
+    list_where(store, |name| last_of(name).is_none_or(|l| l > revision)).await
+}
+
+/// The last revision a segment's name says it holds.
+fn last_of(name: &str) -> Option<i64> {
+    name.split_once('-')
+        .and_then(|(_, l)| l.parse::<i64>().ok())
+}
+
+async fn list_where(
+    store: &Store,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<SegmentManifest>, StoreError> {
     let entries = store.list(DIR).await?;
     let mut names: Vec<&str> = entries
         .iter()
         .filter_map(|e| parse_object(&e.name))
-        .filter(|(_, is_manifest)| *is_manifest)
+        .filter(|(name, is_manifest)| *is_manifest && wanted(name))
         .map(|(name, _)| name)
         .collect();
     names.sort_unstable();
@@ -184,31 +203,30 @@ pub async fn get(store: &Store, m: &SegmentManifest) -> Result<Segment, SegmentE
 }
 
 /// Deletes segments wholly before `revision` (the oldest kept snapshot's): retention
-/// follows the snapshots. Manifests before their objects. Returns the objects deleted.
+/// follows the snapshots. Decided by the objects' names (which say their revisions), so a
+/// pass costs one LIST, not a GET per segment; a manifest before its object, so a pass
+/// cut short leaves an object without a manifest, which the next pass deletes. Returns
+/// the objects deleted.
 pub async fn prune_before(store: &Store, revision: i64) -> Result<Vec<String>, StoreError> {
-    let mut deleted = Vec::new();
-    for m in list(store).await? {
-        if m.last_revision < revision {
-            for object in [m.json_object(), m.seg_object()] {
-                store.delete(&object).await?;
-                deleted.push(object);
-            }
-        }
-    }
-    // Objects without a manifest (an upload killed between the two writes), wholly before.
-    for e in store.list(DIR).await? {
-        if let Some((name, false)) = parse_object(&e.name) {
-            let last = name
-                .split_once('-')
-                .and_then(|(_, l)| l.parse::<i64>().ok());
-            let json = super::json_object(name);
-            if last.is_some_and(|l| l < revision) && !deleted.contains(&e.name) {
-                if let Err(StoreError::NotFound { .. }) = store.get(&json).await {
-                    store.delete(&e.name).await?;
-                    deleted.push(e.name.clone());
-                }
-            }
-        }
+    let mut objects: Vec<(String, bool)> = store
+        .list(DIR)
+        .await?
+        .iter()
+        .filter_map(|e| parse_object(&e.name))
+        .filter(|(name, _)| last_of(name).is_some_and(|l| l < revision))
+        .map(|(name, is_manifest)| (name.to_string(), is_manifest))
+        .collect();
+    // By name, manifest first.
+    objects.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut deleted = Vec::with_capacity(objects.len());
+    for (name, is_manifest) in objects {
+        let object = if is_manifest {
+            super::json_object(&name)
+        } else {
+            super::seg_object(&name)
+        };
+        store.delete(&object).await?;
+        deleted.push(object);
     }
     for object in &deleted {
         tracing::info!(object = %object, store = %store.url(), "archive segment deleted by retention (older than the oldest kept snapshot)");
@@ -321,5 +339,38 @@ mod tests {
             .map(|m| m.first_revision)
             .collect();
         assert_eq!(left, vec![11, 21]);
+    }
+
+    #[tokio::test]
+    async fn retention_by_name_also_removes_an_object_whose_manifest_never_came() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let orphan = put(&s, 1, &segment(1, 10)).await.unwrap();
+        s.delete(&orphan.json_object()).await.unwrap();
+        put(&s, 1, &segment(11, 20)).await.unwrap();
+        let deleted = prune_before(&s, 11).await.unwrap();
+        assert_eq!(deleted, vec![orphan.seg_object()]);
+        let names: Vec<String> = s
+            .list(DIR)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn list_after_reads_only_the_segments_reaching_past_a_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        for (a, b) in [(1, 10), (11, 20), (21, 30)] {
+            put(&s, 1, &segment(a, b)).await.unwrap();
+        }
+        let firsts =
+            |ms: Vec<SegmentManifest>| ms.iter().map(|m| m.first_revision).collect::<Vec<_>>();
+        assert_eq!(firsts(list_after(&s, 15).await.unwrap()), vec![11, 21]);
+        assert_eq!(firsts(list_after(&s, 20).await.unwrap()), vec![21]);
+        assert_eq!(firsts(list_after(&s, 0).await.unwrap()), vec![1, 11, 21]);
     }
 }

@@ -238,11 +238,11 @@ impl Archiver {
         let store = &self.backups.store;
         let cluster = format!("{cluster_id:x}");
         let snapshots = catalog::list(store).await.map_err(|e| e.to_string())?;
-        let segments = stored::list(store).await.map_err(|e| e.to_string())?;
         let Some(snapshot) = snapshots
             .iter()
             .find(|m| m.verified && m.cluster_id == cluster)
         else {
+            let segments = stored::list(store).await.map_err(|e| e.to_string())?;
             let ours = segments.iter().any(|m| m.cluster_id == cluster);
             let why = if ours {
                 "the store holds segments of this cluster but no verified snapshot of it to continue"
@@ -251,6 +251,10 @@ impl Archiver {
             };
             return self.snapshot(source, cluster_id, why, ours, report).await;
         };
+        // Only the segments reaching past the snapshot can continue it.
+        let segments = stored::list_after(store, snapshot.revision)
+            .await
+            .map_err(|e| e.to_string())?;
         let c = chain(snapshot.revision, &cluster, &segments);
         if let Some(why) = &c.broken {
             tracing::warn!(snapshot = %snapshot.name, reach = c.last_revision, why = %why, "the archive has a hole after the newest snapshot: archiving again from the end of the continuous part");
