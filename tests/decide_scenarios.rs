@@ -7,7 +7,7 @@ use etcd_steward::decision::parse_restore_point;
 use etcd_steward::decision::{
     decide, formation_token, Action, Bootstrap, Decision, SetAsideWhy, Why,
 };
-use etcd_steward::facts::ArchiveReach;
+use etcd_steward::facts::{ArchiveReach, PointAt};
 use etcd_steward::facts::{
     BackupFacts, ClusterFacts, ClusterView, DataDirState, Endpoint, Facts, Formation, LeftMarker,
     Lookup, MemberInfo, PeerFacts, PeerReport, RecoveryMarker, RecoveryRequest, RestoreRequest,
@@ -1444,7 +1444,10 @@ fn segments_continuing_the_newest_snapshot_make_the_restore_point_the_archives_e
     });
     let f = with_backups(facts(), vec![newest.clone(), snapshot("old", true)]);
     assert_eq!(prepared_snapshot(&decide(&f)), Some(Some("new+r97".into())));
-    assert_eq!(parse_restore_point("new+r97"), ("new", Some(97)));
+    assert_eq!(
+        parse_restore_point("new+r97"),
+        ("new", Some(PointAt::Revision(97)))
+    );
     // A chain that reaches no further than the snapshot is the snapshot alone.
     if let Some(a) = newest.archive.as_mut() {
         a.last_revision = newest.revision;
@@ -1483,6 +1486,83 @@ fn a_restore_to_a_revision_takes_the_newest_snapshot_before_it_and_refuses_outsi
             &d,
             &["outside the restorable range (revision 20 (snapshot old) to revision 97)"],
         );
+    }
+}
+
+#[test]
+fn a_restore_to_a_time_names_the_point_by_the_moment_and_refuses_outside_the_range() {
+    // "new": taken at 1_700_000_000 s (revision 50), archived up to 100 s later;
+    // "old": taken 1000 s earlier, no archive.
+    let mut newest = snapshot("new", true);
+    newest.revision = 50;
+    newest.archive = Some(ArchiveReach {
+        last_revision: 97,
+        last_time_unix_ms: 1_700_000_100_000,
+        segments: 3,
+        broken: None,
+    });
+    let mut older = snapshot("old", true);
+    older.revision = 20;
+    older.time_unix = 1_699_999_000;
+    let at = |ms: u64| {
+        let mut f = with_backups(facts(), vec![newest.clone(), older.clone()]);
+        if let BackupFacts::Listed { wanted, .. } = &mut f.backups {
+            *wanted = RestoreWanted::Time(ms);
+        }
+        decide(&f)
+    };
+    assert_eq!(
+        prepared_snapshot(&at(1_700_000_059_999)),
+        Some(Some("new+t1700000059999".into()))
+    );
+    assert_eq!(
+        parse_restore_point("new+t1700000059999"),
+        (
+            "new",
+            Some(PointAt::Time {
+                unix_ms: 1_700_000_059_999
+            })
+        )
+    );
+    // The archive's last moment is still inside; the older snapshot's own moment too.
+    assert_eq!(
+        prepared_snapshot(&at(1_700_000_100_000)),
+        Some(Some("new+t1700000100000".into()))
+    );
+    assert_eq!(
+        prepared_snapshot(&at(1_699_999_000_000)),
+        Some(Some("old+t1699999000000".into()))
+    );
+    // After the archive's end, before the oldest snapshot, and between the older snapshot
+    // and the newer one (no archive continues the older): refused, with the range.
+    for outside in [1_700_000_100_001, 1_699_998_999_999, 1_699_999_500_000] {
+        let d = at(outside);
+        assert_eq!(prepared_snapshot(&d), None, "{}", d.reason());
+        assert_reason(
+            &d,
+            &["outside the restorable range (2023-11-14T21:56:40.000Z (snapshot old) to 2023-11-14T22:15:00.000Z)"],
+        );
+    }
+    // A point named by an operator's request is accepted inside its snapshot's reach only.
+    let named = |name: &str| {
+        let mut f = with_backups(facts(), vec![newest.clone(), older.clone()]);
+        if let BackupFacts::Listed { wanted, .. } = &mut f.backups {
+            *wanted = RestoreWanted::Named(name.into());
+        }
+        decide(&f)
+    };
+    assert_eq!(
+        prepared_snapshot(&named("new+t1700000050000")),
+        Some(Some("new+t1700000050000".into()))
+    );
+    assert_eq!(
+        prepared_snapshot(&named("new+r60")),
+        Some(Some("new+r60".into()))
+    );
+    for beyond in ["new+t1700000100001", "new+r98", "old+r21"] {
+        let d = named(beyond);
+        assert_eq!(prepared_snapshot(&d), None, "{}", d.reason());
+        assert_reason(&d, &["outside the restorable range"]);
     }
 }
 
@@ -2540,6 +2620,14 @@ mod invariants {
             RestoreWanted::Revision(n) => snapshots.iter().find(|s| {
                 let reach = s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
                 usable(f, s) && s.revision <= *n && reach >= *n
+            }),
+            RestoreWanted::Time(t) => snapshots.iter().find(|s| {
+                let taken = s.time_unix * 1000;
+                let reach = match &s.archive {
+                    Some(a) if a.last_revision > s.revision => a.last_time_unix_ms.max(taken),
+                    _ => taken,
+                };
+                usable(f, s) && taken <= *t && reach >= *t
             }),
         }
         .filter(|s| usable(f, s))

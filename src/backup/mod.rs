@@ -38,6 +38,10 @@ pub enum RestoreChoice {
     /// `revision:N`: the cluster as it was at revision N: the newest usable snapshot at or
     /// before it, with the archive replayed onto it up to N.
     Revision(i64),
+    /// `time:RFC3339` (Unix milliseconds): the cluster as it was at that moment: the last
+    /// revision the archive received at or before it, on the newest usable snapshot taken
+    /// at or before it.
+    Time(u64),
 }
 
 /// The validated backup options (`Config::backup`, present when `--backup-url` is given).

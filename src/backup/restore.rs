@@ -176,7 +176,7 @@ pub async fn pick(store: &Store, choice: &RestoreChoice, dir: &Path) -> Result<P
         RestoreChoice::Latest => None,
         RestoreChoice::Named(n) => Some(n.as_str()),
         // A moment needs the archive: init's formation restores it (a restore point).
-        RestoreChoice::Revision(_) => None,
+        RestoreChoice::Revision(_) | RestoreChoice::Time(_) => None,
     };
     let manifests = catalog::list(store).await?;
     if manifests.is_empty() {

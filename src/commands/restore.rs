@@ -1,6 +1,8 @@
-//! `etcd-steward restore --snapshot NAME [--yes]`: the "someone deleted everything at
-//! 10:02" case. Every pod sets its current data aside (renamed, never deleted) and the
-//! cluster re-forms from that snapshot through the backup restore path, once per request.
+//! `etcd-steward restore --snapshot NAME | --to-revision N | --to-time T [--yes]`: the
+//! "someone deleted everything at 10:02" case. Every pod sets its current data aside
+//! (renamed, never deleted) and the cluster re-forms from that snapshot, or from a restore
+//! point (a snapshot with the archive replayed onto it up to the revision or the moment),
+//! through the backup restore path, once per request.
 //! Like `recover`, the command plans and hands the request to every pod's sidecar
 //! (`POST /peer/restore`); the pods do the work (each sidecar stops its etcd, each `init`
 //! sets the data aside, then they form anew from the snapshot), so the command may be
@@ -8,12 +10,15 @@
 
 use serde_json::json;
 
+use crate::backup::archive::rfc3339_ms;
 use crate::backup::Backups;
 use crate::clock::unix_now;
 use crate::config::{Config, SnapshotRestoreArgs};
+use crate::decision::{parse_restore_point, snapshot_choice, Why};
 use crate::dns::Dns;
 use crate::etcd::Connector;
-use crate::facts::{ClusterFacts, Facts, Lookup, RestoreRequest};
+use crate::facts::{ClusterFacts, Facts, Lookup, PointAt, RestoreRequest, RestoreWanted};
+use crate::observe::list_backups;
 
 use super::recover::Ended;
 use super::{POLL, REPOST};
@@ -54,11 +59,16 @@ where
         ));
     };
     let backups = Backups::new(&backup_cfg, cfg.etcd_bin.clone())?;
+    let point = match point_of(args, &backups).await {
+        Ok(point) => point,
+        Err(refusal) => return Ok(Ended::Refused(refusal)),
+    };
+    let (snapshot, at) = parse_restore_point(&point);
     let manifests = backups.list().await?;
-    let Some(m) = manifests.iter().find(|m| m.name == args.snapshot) else {
+    let Some(m) = manifests.iter().find(|m| m.name == snapshot) else {
         return Ok(Ended::Refused(format!(
-            "snapshot {} is not in {} (etcd-steward backup --list shows what is)",
-            args.snapshot, backup_cfg.url
+            "snapshot {snapshot} is not in {} (etcd-steward backup --list shows what is)",
+            backup_cfg.url
         )));
     };
     if !m.verified || m.drill.as_ref().is_some_and(|d| !d.passed) {
@@ -85,8 +95,8 @@ where
         )));
     }
     let id = match &f.restore_request {
-        Some(r) if r.snapshot == m.name => r.id.clone(),
-        _ => format!("restore-{}-{}", m.name, unix_now()),
+        Some(r) if r.snapshot == point => r.id.clone(),
+        _ => format!("restore-{point}-{}", unix_now()),
     };
     let original = match &f.cluster {
         ClusterFacts::Healthy(v) => Some(v.cluster_id),
@@ -94,13 +104,23 @@ where
     };
     let plan = json!({
         "id": id,
+        "point": point,
         "snapshot": m.name,
         "revision": m.revision,
         "taken": m.time,
+        "to": match at {
+            None => json!({"revision": m.revision}),
+            Some(PointAt::Revision(n)) => json!({"revision": n}),
+            Some(PointAt::Time { unix_ms }) => json!({"time": rfc3339_ms(unix_ms)}),
+        },
         "cluster": original.map(|c| format!("{c:x}")),
         "pods": pods(&f).into_iter().map(|(name, _)| json!({"pod": name, "step": "set-aside-and-restore"})).collect::<Vec<_>>(),
         "state": if args.yes { "requested" } else { "planned" },
-        "writes_lost": format!("every write after {} (revision {})", m.time, m.revision),
+        "writes_lost": match at {
+            None => format!("every write after {} (revision {})", m.time, m.revision),
+            Some(PointAt::Revision(n)) => format!("every write after revision {n}"),
+            Some(PointAt::Time { unix_ms }) => format!("every write archived after {}", rfc3339_ms(unix_ms)),
+        },
     });
     println!("{plan}");
     if !args.yes {
@@ -108,7 +128,7 @@ where
     }
     let request = RestoreRequest {
         id: id.clone(),
-        snapshot: m.name.clone(),
+        snapshot: point.clone(),
         expires_unix: unix_now() + crate::control::REQUEST_TTL.as_secs(),
     };
     let took = hand_over(&cfg, &f, &request).await?;
@@ -134,7 +154,7 @@ where
             ClusterFacts::Healthy(v) if waiting.is_empty() && Some(v.cluster_id) != original => {
                 println!(
                     "{}",
-                    json!({"state": "restored", "restore": id, "snapshot": m.name, "cluster": format!("{:x}", v.cluster_id), "members": v.members.len()})
+                    json!({"state": "restored", "restore": id, "point": point, "snapshot": m.name, "cluster": format!("{:x}", v.cluster_id), "members": v.members.len()})
                 );
                 return Ok(Ended::Recovered);
             }
@@ -153,6 +173,36 @@ where
         if tokio::time::Instant::now() >= deadline {
             return Ok(Ended::TimedOut(format!("restore {id} was requested but is not complete after {:?}; it goes on in the pods: see their /ready, and run this command again to follow it", args.timeout)));
         }
+    }
+}
+
+/// The restore point the options name: `--snapshot`'s name as given, or the point the
+/// store's snapshots and archive make for `--to-revision` / `--to-time`, chosen as `init`
+/// chooses for `--restore revision:N` / `time:T`. A moment outside what the store restores
+/// is refused with the range it does.
+async fn point_of(args: &SnapshotRestoreArgs, backups: &Backups) -> Result<String, String> {
+    let wanted = match (&args.snapshot, args.to_revision, args.to_time) {
+        (Some(name), _, _) => return Ok(name.clone()),
+        (None, Some(n), _) => RestoreWanted::Revision(n),
+        (None, None, Some(t)) => RestoreWanted::Time(
+            t.duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .and_then(|d| u64::try_from(d.as_millis()).ok())
+                .ok_or("--to-time must be after 1970")?,
+        ),
+        (None, None, None) => {
+            return Err("restore needs --snapshot, --to-revision or --to-time".into())
+        }
+    };
+    let facts = list_backups(&backups.store, wanted).await;
+    match snapshot_choice(&facts, &[]) {
+        Ok(Some(point)) => Ok(point),
+        Ok(None) => Err(format!(
+            "{} holds no snapshot to restore",
+            backups.config.url
+        )),
+        Err(Why::NamedBackupUnusable { name, problem }) => Err(format!("{name} {problem}")),
+        Err(why) => Err(why.to_string()),
     }
 }
 

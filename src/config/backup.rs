@@ -81,6 +81,21 @@ impl BackupArgs {
                     RestoreChoice::Never
                 }
             },
+            Some(r) if r.starts_with("time:") => {
+                match humantime::parse_rfc3339(&r["time:".len()..])
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .and_then(|d| u64::try_from(d.as_millis()).ok())
+                {
+                    Some(ms) if ms > 0 => RestoreChoice::Time(ms),
+                    _ => {
+                        problems.push(format!(
+                        "--restore time:T needs an RFC 3339 UTC time such as time:2026-11-27T10:01:59Z, got {r:?}"
+                    ));
+                        RestoreChoice::Never
+                    }
+                }
+            }
             Some(name)
                 if !name.is_empty()
                     && name
@@ -91,7 +106,7 @@ impl BackupArgs {
             }
             Some(other) => {
                 problems.push(format!(
-                    "--restore must be latest, never, revision:N or a snapshot name, got {other:?}"
+                    "--restore must be latest, never, revision:N, time:RFC3339 or a snapshot name, got {other:?}"
                 ));
                 RestoreChoice::Never
             }

@@ -349,14 +349,23 @@ pub struct StatusArgs {
     pub output: String,
 }
 
-/// `restore`'s options.
+/// `restore`'s options: exactly one of `--snapshot`, `--to-revision`, `--to-time`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("point").required(true).multiple(false).args(["snapshot", "to_revision", "to_time"])))]
 pub struct SnapshotRestoreArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// The snapshot's name, as `etcd-steward backup --list` shows it.
     #[arg(long)]
-    pub snapshot: String,
+    pub snapshot: Option<String>,
+    /// Take the cluster back to this revision: the newest usable snapshot at or before it,
+    /// with the archive replayed onto it up to it.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub to_revision: Option<i64>,
+    /// Take the cluster back to this moment (RFC 3339, UTC: 2026-11-27T10:01:59Z): the last
+    /// revision archived at or before it.
+    #[arg(long, value_parser = humantime::parse_rfc3339)]
+    pub to_time: Option<std::time::SystemTime>,
     /// Carry the plan out and follow it until the restored cluster serves.
     #[arg(long)]
     pub yes: bool,

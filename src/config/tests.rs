@@ -427,3 +427,43 @@ fn restore_takes_a_revision_to_go_back_to() {
     let e = with("revision:soon").unwrap_err();
     assert!(e.problems[0].contains("revision:N"), "{e}");
 }
+
+#[test]
+#[allow(clippy::unwrap_used)]
+fn restore_to_a_time_is_the_moment_in_unix_milliseconds_and_a_time_without_zone_is_refused() {
+    let with = |restore: &str| {
+        common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "1",
+            "--backup-url",
+            "file:///b",
+            "--restore",
+            restore,
+            "--etcdutl-bin",
+            "/usr/bin/etcdctl",
+        ])
+        .validate()
+    };
+    let b = with("time:2026-11-27T10:01:59Z").unwrap().backup.unwrap();
+    assert_eq!(
+        b.restore,
+        crate::backup::RestoreChoice::Time(1_795_773_719_000)
+    );
+    let b = with("time:2026-11-27T10:01:59.250Z")
+        .unwrap()
+        .backup
+        .unwrap();
+    assert_eq!(
+        b.restore,
+        crate::backup::RestoreChoice::Time(1_795_773_719_250)
+    );
+    for bad in ["time:yesterday", "time:2026-11-27 10:01:59", "time:"] {
+        let e = with(bad).unwrap_err();
+        assert!(
+            e.problems[0].contains("time:2026-11-27T10:01:59Z"),
+            "{bad}: {e}"
+        );
+    }
+}

@@ -8,12 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::facts::{
-    BackupFacts, ClusterFacts, ClusterView, Facts, Failed, Formation, Lookup, PeerReport,
-    Rejection, RestoreWanted, SnapshotFacts,
-};
+use crate::facts::{ClusterFacts, ClusterView, Facts, Formation, Lookup, PeerReport};
 
-use super::types::{Action, Bootstrap, Decision, NotReached, SetAsideWhy, Unusable, Why};
+use super::point::snapshot_choice;
+use super::types::{Action, Bootstrap, Decision, NotReached, SetAsideWhy, Why};
 use super::upgrade;
 
 fn decision(action: Action, why: Why) -> Decision {
@@ -475,127 +473,12 @@ fn decide_formation(f: &Facts) -> Decision {
     )
 }
 
-/// A restore point, `<snapshot>+r<revision>`: the snapshot with the archive replayed to it.
-pub fn restore_point(snapshot: &str, revision: i64) -> String {
-    format!("{snapshot}+r{revision}")
-}
-
-/// A restore point's snapshot and revision; a plain snapshot name has no revision.
-pub fn parse_restore_point(name: &str) -> (&str, Option<i64>) {
-    match name.rsplit_once("+r").map(|(s, r)| (s, r.parse::<i64>())) {
-        Some((snapshot, Ok(r))) if !snapshot.is_empty() => (snapshot, Some(r)),
-        _ => (name, None),
-    }
-}
-
 /// Which backup a new cluster starts from: `Ok(None)` to start empty (no backups
 /// configured, or the store holds none), `Ok(Some(name))` to restore that snapshot, or a
 /// reason to wait (the store unreachable, or snapshots there but none usable: never an
 /// empty cluster in their place).
 fn restore_choice(f: &Facts) -> Result<Option<String>, Why> {
     snapshot_choice(&f.backups, &f.data.rejected_snapshots)
-}
-
-/// [`restore_choice`] from what the store holds and what this volume rejected: also how a
-/// sidecar checks an operator's restore request before it stops anything.
-pub fn snapshot_choice(
-    backups: &BackupFacts,
-    rejected: &[Rejection],
-) -> Result<Option<String>, Why> {
-    let problem = |s: &SnapshotFacts, keys: &[String]| {
-        if !s.verified {
-            Some(Unusable::NotVerified)
-        } else if s.drill_failed {
-            Some(Unusable::DrillFailed)
-        } else {
-            rejected
-                .iter()
-                .filter(|r| r.name == s.name)
-                .find_map(|r| rejection_holds(r, s, keys))
-        }
-    };
-    match backups {
-        BackupFacts::Off => Ok(None),
-        BackupFacts::NotAsked => Err(Why::BackupStoreUnreachable {
-            error: "not asked yet".into(),
-        }),
-        BackupFacts::Unreachable { error } => Err(Why::BackupStoreUnreachable {
-            error: error.clone(),
-        }),
-        BackupFacts::Listed {
-            wanted: RestoreWanted::Latest,
-            snapshots,
-            keys,
-        } => {
-            if snapshots.is_empty() {
-                return Ok(None);
-            }
-            if let Some(usable) = snapshots.iter().find(|s| problem(s, keys).is_none()) {
-                // With segments continuing it, the point at the archive's end: every
-                // revision archived after the snapshot is replayed onto it.
-                return Ok(Some(match &usable.archive {
-                    Some(a) if a.last_revision > usable.revision => {
-                        restore_point(&usable.name, a.last_revision)
-                    }
-                    _ => usable.name.clone(),
-                }));
-            }
-            Err(Why::NoUsableBackup {
-                skipped: snapshots
-                    .iter()
-                    .filter_map(|s| Some((s.name.clone(), problem(s, keys)?)))
-                    .collect(),
-            })
-        }
-        BackupFacts::Listed {
-            wanted: RestoreWanted::Revision(n),
-            snapshots,
-            keys,
-        } => {
-            let usable: Vec<&SnapshotFacts> = snapshots
-                .iter()
-                .filter(|s| problem(s, keys).is_none())
-                .collect();
-            let reach =
-                |s: &SnapshotFacts| s.archive.as_ref().map_or(s.revision, |a| a.last_revision);
-            // Newest first: the newest snapshot at or before N whose archive reaches N.
-            if let Some(s) = usable.iter().find(|s| s.revision <= *n && reach(s) >= *n) {
-                return Ok(Some(if s.revision == *n {
-                    s.name.clone()
-                } else {
-                    restore_point(&s.name, *n)
-                }));
-            }
-            let range = match (usable.last(), usable.iter().map(|s| reach(s)).max()) {
-                (Some(oldest), Some(last)) => format!(
-                    "revision {} (snapshot {}) to revision {last}",
-                    oldest.revision, oldest.name
-                ),
-                _ => "no usable snapshot".into(),
-            };
-            Err(Why::NamedBackupUnusable {
-                name: format!("revision:{n}"),
-                problem: Unusable::OutsideRange { range },
-            })
-        }
-        BackupFacts::Listed {
-            wanted: RestoreWanted::Named(name),
-            snapshots,
-            keys,
-        } => match snapshots.iter().find(|s| &s.name == name) {
-            None => Err(Why::NamedBackupUnusable {
-                name: name.clone(),
-                problem: Unusable::NotInStore,
-            }),
-            Some(s) => match problem(s, keys) {
-                Some(p) => Err(Why::NamedBackupUnusable {
-                    name: name.clone(),
-                    problem: p,
-                }),
-                None => Ok(Some(name.clone())),
-            },
-        },
-    }
 }
 
 /// Peers already hold data while this volume is empty and no cluster answers. Only a pod
@@ -650,33 +533,4 @@ fn joined_formation_or_wait(
         })
         .collect();
     wait(Why::PeersHoldData { holders: names })
-}
-
-/// Whether what this pod remembers about snapshot `s` still holds: the same content for
-/// bytes that failed, the same content and the same configured keys for a key that did
-/// not open it. An entry an older etcd-steward wrote (no content, no keys recorded) holds
-/// nothing: the snapshot is tried once more, and if it fails again, the new entry records
-/// what it failed on.
-fn rejection_holds(r: &Rejection, s: &SnapshotFacts, keys: &[String]) -> Option<Unusable> {
-    match &r.failed {
-        Failed::Checksum { content, detail } => {
-            (*content == s.content).then(|| Unusable::BadBytes {
-                detail: detail.clone(),
-            })
-        }
-        Failed::Key {
-            content,
-            encrypted_to,
-            configured,
-        } => (*content == s.content && same_set(configured, keys)).then(|| Unusable::NoKey {
-            encrypted_to: encrypted_to.clone(),
-            configured: keys.to_vec(),
-        }),
-        Failed::Unrecorded { .. } => None,
-    }
-}
-
-fn same_set(a: &[String], b: &[String]) -> bool {
-    let set = |v: &[String]| v.iter().cloned().collect::<std::collections::BTreeSet<_>>();
-    set(a) == set(b)
 }

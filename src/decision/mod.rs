@@ -4,8 +4,10 @@
 //! built on both). No I/O, no clock.
 
 pub mod decide;
+pub mod point;
 pub mod types;
 pub mod upgrade;
 
-pub use decide::{decide, formation_token, parse_restore_point, restore_point, snapshot_choice};
+pub use decide::{decide, formation_token};
+pub use point::{parse_restore_point, restore_point, snapshot_choice, time_point};
 pub use types::*;

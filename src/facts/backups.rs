@@ -87,6 +87,17 @@ pub enum RestoreWanted {
     Named(String),
     /// `revision:N`.
     Revision(i64),
+    /// `time:RFC3339`, as Unix milliseconds: the last revision archived at or before it.
+    Time(u64),
+}
+
+/// How far a restore point replays the archive onto its snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointAt {
+    /// Up to and including this revision (`<snapshot>+r<revision>`).
+    Revision(i64),
+    /// Up to the last revision archived at or before this moment (`<snapshot>+t<unix_ms>`).
+    Time { unix_ms: u64 },
 }
 
 /// One snapshot in the store, as its manifest describes it.

@@ -245,6 +245,7 @@ where
             (None, RestoreChoice::Latest) => RestoreWanted::Latest,
             (None, RestoreChoice::Named(name)) => RestoreWanted::Named(name.clone()),
             (None, RestoreChoice::Revision(n)) => RestoreWanted::Revision(*n),
+            (None, RestoreChoice::Time(ms)) => RestoreWanted::Time(*ms),
         };
         if !may_form {
             return BackupFacts::NotAsked;

@@ -15,7 +15,7 @@ use crate::backup::restore::{self, RestoreError};
 use crate::backup::store::Store;
 use crate::config::Config;
 use crate::decision::parse_restore_point;
-use crate::facts::{Failed, SnapshotContent};
+use crate::facts::{Failed, PointAt, SnapshotContent};
 
 /// How long the snapshot before a new minor release may take.
 const SNAPSHOT_LIMIT: Duration = Duration::from_secs(300);
@@ -143,8 +143,8 @@ pub(super) async fn download(
 }
 
 /// The file restore point `name` restores from, made unless an earlier round made it: the
-/// snapshot `manifest`, downloaded and checked, with (for `<snapshot>+r<revision>`) the
-/// archive replayed onto it up to that revision. Every pod replays the same segments onto
+/// snapshot `manifest`, downloaded and checked, with (for `<snapshot>+r<revision>` and
+/// `<snapshot>+t<unix_ms>`) the archive replayed onto it up to that revision or moment. Every pod replays the same segments onto
 /// the same snapshot, so every pod's keyspace is the same.
 pub(super) async fn point_file<C>(
     world: &World<'_, C>,
@@ -158,8 +158,10 @@ pub(super) async fn point_file<C>(
         return Ok(out);
     }
     let base = download(store, manifest, dir).await?;
-    let (_, Some(revision)) = parse_restore_point(name) else {
-        return Ok(base);
+    let target = match parse_restore_point(name) {
+        (_, None) => return Ok(base),
+        (_, Some(PointAt::Revision(revision))) => Target::Revision(revision),
+        (_, Some(PointAt::Time { unix_ms })) => Target::Time { unix_ms },
     };
     let Some(backup) = &world.cfg.backup else {
         return Err(ActError::SnapshotMissing {
@@ -173,15 +175,7 @@ pub(super) async fn point_file<C>(
         work_dir: restore::staging_dir(dir).join("replay"),
         start_timeout: Duration::from_secs(60),
     };
-    replay::fold(
-        store,
-        manifest,
-        &base,
-        Target::Revision(revision),
-        &setup,
-        &out,
-    )
-    .await?;
+    replay::fold(store, manifest, &base, target, &setup, &out).await?;
     let _ = std::fs::remove_file(&base);
     Ok(out)
 }
@@ -215,9 +209,16 @@ pub(super) async fn restore<C>(
         &backup.tool,
         "this member is restored from a backup (every volume lost, or an operator's restore); writes after this snapshot are not in it",
     );
-    if let (_, Some(revision)) = parse_restore_point(name) {
-        tracing::warn!(point = %name, snapshot = %manifest.name, last_revision = revision,
-            "restore point: the snapshot with the archive replayed onto it; writes archived up to the last revision are in it");
+    match parse_restore_point(name) {
+        (_, Some(PointAt::Revision(revision))) => {
+            tracing::warn!(point = %name, snapshot = %manifest.name, last_revision = revision,
+            "restore point: the snapshot with the archive replayed onto it; writes archived up to the last revision are in it")
+        }
+        (_, Some(PointAt::Time { unix_ms })) => {
+            tracing::warn!(point = %name, snapshot = %manifest.name, moment = %crate::backup::archive::rfc3339_ms(unix_ms),
+            "restore point: the snapshot with the archive replayed onto it up to the last revision archived at or before the moment; writes archived after it are not in it")
+        }
+        (_, None) => {}
     }
     Ok(())
 }
