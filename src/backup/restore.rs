@@ -349,22 +349,34 @@ pub enum RestoreOutcome {
 
 /// The restore's log line: the snapshot, its revision and the revision after the jump
 /// (a warning of its own when there is no jump: watchers may miss changes).
-pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str) {
+///
+/// `held`: which revision the restored data holds: the snapshot's, or, with the archive
+/// replayed onto it, the point's (a point named by a time does not say: the replay's own
+/// line does, and no revision after the jump is said here).
+pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str, held: Held) {
     use super::tool::{Jump, JUMP_NEEDS};
     let age = std::time::SystemTime::now()
         .duration_since(manifest.time())
         .unwrap_or_default();
     let age = humantime::format_duration(std::time::Duration::from_secs(age.as_secs()));
     let jump = tool.jump();
-    let after = match jump {
-        Jump::By(n) => manifest
-            .revision
-            .saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
-        Jump::Off | Jump::Unsupported => manifest.revision,
+    let revision = match held {
+        Held::Snapshot => Some(manifest.revision),
+        Held::Replayed(r) => r,
     };
-    tracing::warn!(snapshot = %manifest.name, revision = manifest.revision, revision_after = after,
-        bump_revision = tool.bump_revision, tool = %tool.bin.display(),
-        taken = %manifest.time, age = %age, "{what}");
+    if let Some(revision) = revision {
+        let after = match jump {
+            Jump::By(n) => revision.saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
+            Jump::Off | Jump::Unsupported => revision,
+        };
+        tracing::warn!(snapshot = %manifest.name, revision, revision_after = after,
+            bump_revision = tool.bump_revision, tool = %tool.bin.display(),
+            taken = %manifest.time, age = %age, "{what}");
+    } else {
+        tracing::warn!(snapshot = %manifest.name, revision = manifest.revision,
+            bump_revision = tool.bump_revision, tool = %tool.bin.display(),
+            taken = %manifest.time, age = %age, "{what}");
+    }
     match jump {
         Jump::By(_) => {}
         Jump::Off => tracing::warn!(snapshot = %manifest.name, revision = manifest.revision,
@@ -375,6 +387,16 @@ pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str) {
             "the restored cluster's revision went back to the snapshot's: {} cannot move it forward; a revision jump needs {JUMP_NEEDS} (--etcdutl-bin); restart the API servers", tool.bin.display())
         }
     }
+}
+
+/// What revision restored data holds, for [`log_restored`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The snapshot's own.
+    Snapshot,
+    /// The archive was replayed onto the snapshot: up to this revision, when the point
+    /// names one.
+    Replayed(Option<i64>),
 }
 
 /// The member parameters for pod `id.ordinal` of a cluster formed from a snapshot by all
@@ -418,6 +440,7 @@ pub async fn restore(
                     "restored from a backup into {}: writes after this snapshot are not in it",
                     data_dir.display()
                 ),
+                Held::Snapshot,
             );
             Ok(RestoreOutcome::Restored { manifest })
         }

@@ -204,21 +204,30 @@ pub(super) async fn restore<C>(
     };
     let member = restore::formation_member(&cfg.identity, cfg.replicas, token);
     restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
+    let point = parse_restore_point(name).1;
     restore::log_restored(
         &manifest,
         &backup.tool,
-        "this member is restored from a backup (every volume lost, or an operator's restore); writes after this snapshot are not in it",
+        match point {
+            None => "this member is restored from a backup (every volume lost, or an operator's restore); writes after this snapshot are not in it",
+            Some(_) => "this member is restored from a backup with the archive replayed onto it (every volume lost, or an operator's restore); the next line says how far",
+        },
+        match point {
+            None => restore::Held::Snapshot,
+            Some(PointAt::Revision(r)) => restore::Held::Replayed(Some(r)),
+            Some(PointAt::Time { .. }) => restore::Held::Replayed(None),
+        },
     );
-    match parse_restore_point(name) {
-        (_, Some(PointAt::Revision(revision))) => {
+    match point {
+        Some(PointAt::Revision(revision)) => {
             tracing::warn!(point = %name, snapshot = %manifest.name, last_revision = revision,
             "restore point: the snapshot with the archive replayed onto it; writes archived up to the last revision are in it")
         }
-        (_, Some(PointAt::Time { unix_ms })) => {
+        Some(PointAt::Time { unix_ms }) => {
             tracing::warn!(point = %name, snapshot = %manifest.name, moment = %crate::backup::archive::rfc3339_ms(unix_ms),
             "restore point: the snapshot with the archive replayed onto it up to the last revision archived at or before the moment; writes archived after it are not in it")
         }
-        (_, None) => {}
+        None => {}
     }
     Ok(())
 }
