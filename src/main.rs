@@ -253,7 +253,8 @@ async fn backup_command(
     list: Option<bool>,
     drill: bool,
 ) -> anyhow::Result<bool> {
-    let backups = backup::Backups::new(backup_cfg, cfg.etcd_bin.clone())?;
+    let backups = backup::Backups::new(backup_cfg, cfg.etcd_bin.clone())?
+        .with_etcd_auth(cfg.etcd.auth.clone());
     if let Some(text) = list {
         etcd_steward::commands::backups::list(&backups, text).await?;
         return Ok(true);

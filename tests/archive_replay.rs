@@ -150,6 +150,7 @@ fn setup(dir: &Path) -> ReplaySetup {
         etcd_bin: RELEASE.bin(),
         work_dir: dir.join("replay-work"),
         start_timeout: Duration::from_secs(30),
+        auth: None,
     }
 }
 

@@ -515,6 +515,7 @@ fn drill_setup(release: Release, scratch: &Path) -> DrillSetup {
         etcd_bin: release.etcd(),
         scratch_dir: scratch.to_path_buf(),
         start_timeout: Duration::from_secs(30),
+        auth: None,
     }
 }
 
@@ -542,6 +543,53 @@ async fn the_drill_passes_on_a_good_snapshot_and_records_it() {
     assert!(recorded.drill.unwrap().passed);
     assert!(recorded.verified);
     assert!(!drill::work_dir(&setup.scratch_dir).exists());
+}
+
+/// A snapshot taken with etcd's authentication on restores with it on: the drill asks the
+/// throw-away etcd with the cluster's credentials and compares hashes; without them it
+/// fails, and says the restored etcd refused it rather than only that it was slow.
+#[tokio::test]
+async fn the_drill_of_a_snapshot_with_etcd_authentication_on_asks_with_the_credentials() {
+    let work = tempfile::tempdir().unwrap();
+    let live = Etcd::start(Release::V35, "live", &work.path().join("live"), None).await;
+    let rev = live.put_keys("/k/", 10).await;
+    let mut c = live.client().await;
+    c.user_add("root", "s3cret", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.auth_enable().await.unwrap();
+    let auth = Some(etcd_steward::etcd::Auth {
+        username: "root".into(),
+        password: "s3cret".into(),
+    });
+    let source = EtcdSource::connect(&EtcdTarget {
+        auth: auth.clone(),
+        ..live.target()
+    })
+    .await
+    .unwrap();
+    let store = Store::open(&file_url(work.path())).unwrap();
+    let m = snapshot::take(&source, &store, SystemTime::now())
+        .await
+        .unwrap();
+    let mut setup = drill_setup(Release::V35, &work.path().join("scratch"));
+    setup.start_timeout = Duration::from_secs(5);
+    let refused = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(!refused.passed, "{refused:?}");
+    assert!(
+        refused.detail.contains("user name is empty"),
+        "the drill says the restored etcd refused it: {refused:?}"
+    );
+    setup.auth = auth;
+    let outcome = drill::drill(&store, &m, &setup, &source, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(outcome.passed, "{outcome:?}");
+    assert!(
+        matches!(outcome.hash, HashCheck::Match { revision, .. } if revision >= rev),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]

@@ -44,8 +44,11 @@ pub enum HashCheck {
         expected: i64,
         revision: i64,
     },
-    /// The drill failed before it could compare.
-    NotRun,
+    /// The drill failed before it could compare; the restored etcd's last answer, when
+    /// the drill got that far.
+    NotRun {
+        last_error: Option<String>,
+    },
 }
 
 impl HashCheck {
@@ -56,7 +59,7 @@ impl HashCheck {
             HashCheck::Skipped { .. } => "skipped",
             HashCheck::Jumped { .. } => "jumped",
             HashCheck::JumpMissed { .. } => "jump_missed",
-            HashCheck::NotRun => "not_run",
+            HashCheck::NotRun { .. } => "not_run",
         }
     }
 }
@@ -110,6 +113,9 @@ pub struct DrillSetup {
     pub scratch_dir: PathBuf,
     /// How long the throw-away etcd may take to serve.
     pub start_timeout: Duration,
+    /// The cluster's etcd credentials: the restored member keeps the snapshot's
+    /// authentication, so the drill asks it as the agent asks the cluster.
+    pub auth: Option<crate::etcd::Auth>,
 }
 
 fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
@@ -118,7 +124,7 @@ fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
         passed: false,
         restored_revision: restored,
         total_keys: None,
-        hash: HashCheck::NotRun,
+        hash: HashCheck::NotRun { last_error: None },
         detail,
         corrupt: false,
     }
@@ -224,9 +230,9 @@ async fn run<L: SnapshotSource>(
             let expected = status
                 .revision
                 .saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
-            jumped(revision, expected, client, setup.start_timeout).await
+            jumped(revision, expected, client, setup).await
         }
-        Jump::Off | Jump::Unsupported => compare(revision, client, setup.start_timeout, live).await,
+        Jump::Off | Jump::Unsupported => compare(revision, client, setup, live).await,
     };
     let _ = etcd.kill().await;
     let (passed, detail) = match &hash {
@@ -250,9 +256,15 @@ async fn run<L: SnapshotSource>(
             false,
             format!("HashKV at revision {revision}: restored {restored:#x}, live {live:#x}"),
         ),
-        HashCheck::NotRun => (
+        HashCheck::NotRun { last_error } => (
             false,
-            format!("the restored etcd did not serve within {:?}", setup.start_timeout),
+            match last_error {
+                Some(e) => format!(
+                    "the restored etcd did not serve within {:?}; its last answer: {e}",
+                    setup.start_timeout
+                ),
+                None => format!("the restored etcd did not serve within {:?}", setup.start_timeout),
+            },
         ),
     };
     Ok(DrillOutcome {
@@ -267,7 +279,7 @@ async fn run<L: SnapshotSource>(
 }
 
 /// The throw-away etcd on `client_port`, once it answers `ask` (bounded by `start_timeout`).
-async fn ask_restored<T, F, Fut>(client_port: u16, start_timeout: Duration, ask: F) -> Option<T>
+async fn ask_restored<T, F, Fut>(client_port: u16, setup: &DrillSetup, ask: F) -> Result<T, String>
 where
     F: Fn(EtcdSource) -> Fut,
     Fut: std::future::Future<Output = Result<T, SourceError>>,
@@ -277,16 +289,16 @@ where
         ip: [127, 0, 0, 1].into(),
         port: client_port,
         tls: None,
-        auth: None,
+        auth: setup.auth.clone(),
     };
-    let deadline = tokio::time::Instant::now() + start_timeout;
+    let deadline = tokio::time::Instant::now() + setup.start_timeout;
     loop {
         let attempt = async { ask(EtcdSource::connect(&target).await?).await };
         match attempt.await {
-            Ok(answer) => return Some(answer),
+            Ok(answer) => return Ok(answer),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 tracing::warn!(error = %e, "the drill's throw-away etcd did not serve in time");
-                return None;
+                return Err(e.to_string());
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -295,35 +307,37 @@ where
 
 /// With the revision jump: does the restored member serve the snapshot's revision plus the
 /// jump?
-async fn jumped(
-    snapshot: i64,
-    expected: i64,
-    client_port: u16,
-    start_timeout: Duration,
-) -> HashCheck {
-    let served = ask_restored(client_port, start_timeout, |src| async move {
+async fn jumped(snapshot: i64, expected: i64, client_port: u16, setup: &DrillSetup) -> HashCheck {
+    let served = ask_restored(client_port, setup, |src| async move {
         src.info().await.map(|i| i.revision)
     })
     .await;
     match served {
-        None => HashCheck::NotRun,
-        Some(revision) if revision >= expected => HashCheck::Jumped { snapshot, revision },
-        Some(revision) => HashCheck::JumpMissed { expected, revision },
+        Err(e) => HashCheck::NotRun {
+            last_error: Some(e),
+        },
+        Ok(revision) if revision >= expected => HashCheck::Jumped { snapshot, revision },
+        Ok(revision) => HashCheck::JumpMissed { expected, revision },
     }
 }
 
 async fn compare<L: SnapshotSource>(
     revision: i64,
     client_port: u16,
-    start_timeout: Duration,
+    setup: &DrillSetup,
     live: &L,
 ) -> HashCheck {
-    let restored = ask_restored(client_port, start_timeout, |src| async move {
+    let restored = ask_restored(client_port, setup, |src| async move {
         src.hash_kv(revision).await
     })
     .await;
-    let Some(restored) = restored else {
-        return HashCheck::NotRun;
+    let restored = match restored {
+        Ok(r) => r,
+        Err(e) => {
+            return HashCheck::NotRun {
+                last_error: Some(e),
+            }
+        }
     };
     match live.hash_kv(revision).await {
         Ok(l) if l.compact_revision != restored.compact_revision => HashCheck::Skipped {

@@ -121,9 +121,17 @@ impl Backups {
                 etcd_bin,
                 scratch_dir: config.scratch_dir.clone(),
                 start_timeout: Duration::from_secs(30),
+                auth: None,
             },
             config: config.clone(),
         })
+    }
+
+    /// The cluster's etcd credentials, for the drill's throw-away etcd: a snapshot taken
+    /// with etcd's authentication on restores with it on.
+    pub fn with_etcd_auth(mut self, auth: Option<crate::etcd::Auth>) -> Backups {
+        self.drill.auth = auth;
+        self
     }
 
     /// Takes one snapshot now from `source` and checks it; an unverified one is an error

@@ -44,7 +44,9 @@ impl BackupRounds {
     /// `None` without `--backup-url` (and then no backup metric is registered).
     pub fn new(cfg: &Config, registry: &mut Registry) -> Option<BackupRounds> {
         let backup = cfg.backup.as_ref()?;
-        let backups = Backups::new(backup, cfg.etcd_bin.clone()).map_err(|e| e.to_string());
+        let backups = Backups::new(backup, cfg.etcd_bin.clone())
+            .map(|b| b.with_etcd_auth(cfg.etcd.auth.clone()))
+            .map_err(|e| e.to_string());
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         Some(BackupRounds {
             backups,

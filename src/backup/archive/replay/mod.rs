@@ -52,6 +52,9 @@ pub struct ReplaySetup {
     pub work_dir: PathBuf,
     /// How long the throw-away etcd may take to serve.
     pub start_timeout: Duration,
+    /// The cluster's etcd credentials: a snapshot taken with etcd's authentication on
+    /// restores with it on, so the throw-away etcd asks for them too.
+    pub auth: Option<crate::etcd::Auth>,
 }
 
 /// A completed replay.
@@ -191,7 +194,7 @@ pub async fn fold(
     setup: &ReplaySetup,
     out: &Path,
 ) -> Result<Replayed, ReplayError> {
-    let all = stored::list(store).await?;
+    let all = stored::list_after(store, manifest.revision).await?;
     let c = chain::chain(manifest.revision, &manifest.cluster_id, &all);
     let r = replay(store, base, &manifest.name, &c.segments, target, setup, out).await?;
     let last_time = r.last_time_unix_ms.map_or_else(
@@ -210,12 +213,21 @@ pub async fn fold(
     Ok(r)
 }
 
-async fn connect(scratch: &Scratch, timeout: Duration) -> Result<(Client, i64), ReplayError> {
+async fn connect(
+    scratch: &Scratch,
+    timeout: Duration,
+    auth: Option<&crate::etcd::Auth>,
+) -> Result<(Client, i64), ReplayError> {
     let deadline = tokio::time::Instant::now() + timeout;
     let url = format!("http://127.0.0.1:{}", scratch.client_port);
     loop {
         let attempt = async {
-            let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+            let mut options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+            if let Some(a) = auth {
+                options = options
+                    .with_user(a.username.clone(), a.password.clone())
+                    .with_auto_token_refresh(true);
+            }
             let mut c = Client::connect([url.clone()], Some(options)).await?;
             let s = c.status().await?;
             Ok::<_, etcd_client::Error>((c, s.header().map(|h| h.revision()).unwrap_or(0)))
@@ -244,7 +256,8 @@ async fn run(
     setup: &ReplaySetup,
     out: &Path,
 ) -> Result<Replayed, ReplayError> {
-    let (client, snapshot_revision) = connect(scratch, setup.start_timeout).await?;
+    let (client, snapshot_revision) =
+        connect(scratch, setup.start_timeout, setup.auth.as_ref()).await?;
     let mut applier = Applier {
         kv: client.kv_client(),
         leases: Leases::start(client.clone()).await?,
