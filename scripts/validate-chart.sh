@@ -81,7 +81,7 @@ done
 "$helm" template etcd "$chart" --set etcd.image=gcr.io/etcd-development/etcd:v3.5.25 >"$out/render/as-overlay-copy-in.yaml"
 "$helm" template etcd "$chart" --set metrics.prometheusRule.enabled=true \
     --set backups.enabled=true --set backups.url=s3://b/p --set backups.credentialsSecret=s \
-    --set backups.interval=45m >"$out/render/interval-45m.yaml"
+    --set backups.interval=45m --set backups.archiveInterval=1m >"$out/render/interval-45m.yaml"
 for d in base overlays/tls overlays/copy-in; do
     "$kubectl" kustomize "manifests/$d" >"$out/kustomize/${d//\//-}.yaml" || die "kustomize failed for manifests/$d"
 done
@@ -102,6 +102,8 @@ done <<'EOF'
 --set etcd.resources.limits.memroy=4Gi|additional properties 'memroy' not allowed
 --set podAntiAffinity=strict|podAntiAffinity
 --set backups.interval=1h30m|backups/interval
+--set backups.archiveInterval=5sec|backups/archiveInterval
+--set backups.compression=gzip|backups/compression
 --set storage.retentionPolicy.whenScaled=Remove|whenScaled
 --set replicas=0|replicas
 --set recovery.autoRecoverAfter=soon|recovery/autoRecoverAfter
@@ -437,19 +439,22 @@ if sorted(ep["port"] for ep in sm["spec"]["endpoints"]) != ["http", "metrics"] \
         or not {"http", "metrics"} <= {p["name"] for p in headless["spec"]["ports"]}:
     problem("monitoring: ServiceMonitor must scrape the ports http (sidecar) and metrics (etcd) of the headless service")
 source_rules = yaml.safe_load(open(f"{chart}/files/alerts.yaml"))
-for s, seconds, ns in [("monitoring", 1800, "etcd"), ("backups-s3", 3600, "etcd"), ("interval-45m", 2700, "default")]:
+for s, seconds, lag, ns in [("monitoring", 1800, 60, "etcd"), ("backups-s3", 3600, 60, "etcd"), ("interval-45m", 2700, 720, "default")]:
     docs = load(f"{out}/render/{s}.yaml")
     pr = [d for d in docs if d["kind"] == "PrometheusRule"]
     if len(pr) != 1 or pr[0]["apiVersion"] != "monitoring.coreos.com/v1" or set(pr[0]["spec"]) != {"groups"}:
         problem(f"{s}: want one monitoring.coreos.com/v1 PrometheusRule with spec.groups")
         continue
     want = yaml.safe_load(open(f"{chart}/files/alerts.yaml").read().replace("2 * 1800", f"2 * {seconds}")
+                          .replace('etcd_steward_archive_lag_seconds{job="etcd"} > 60', f'etcd_steward_archive_lag_seconds{{job="etcd"}} > {lag}')
                           .replace('job="etcd"', f'job="etcd", namespace="{ns}"'))
     if pr[0]["spec"] != want:
-        problem(f"{s}: the PrometheusRule is not files/alerts.yaml with the backup age at 2 * {seconds} and the selector of namespace {ns}")
+        problem(f"{s}: the PrometheusRule is not files/alerts.yaml with the backup age at 2 * {seconds}, the archive lag at {lag} s and the selector of namespace {ns}")
     yaml.safe_dump(pr[0]["spec"], open(f"{out}/rules-{s}.yaml", "w"))
 if open(f"{chart}/files/alerts.yaml").read().count("2 * 1800") != 1:
     problem("files/alerts.yaml must hold the backup age marker '2 * 1800' exactly once")
+if open(f"{chart}/files/alerts.yaml").read().count('etcd_steward_archive_lag_seconds{job="etcd"} > 60') != 1:
+    problem("files/alerts.yaml must hold the archive lag marker 'etcd_steward_archive_lag_seconds{job=\"etcd\"} > 60' exactly once")
 cm = [d for d in rendered["monitoring"] if d["kind"] == "ConfigMap"][0]
 if cm["metadata"]["labels"].get("grafana_dashboard") != "1":
     problem("monitoring: the dashboard ConfigMap lacks the grafana_dashboard label")

@@ -106,6 +106,20 @@ httpGet:
 {{- end -}}
 
 {{/*
+The EtcdArchiveLagging threshold in seconds: twelve archive intervals, at least a minute (the
+alert file's 60 is the default 5s interval's).
+*/}}
+{{- define "etcd-steward.archiveLagSeconds" -}}
+{{- $i := toString .Values.backups.archiveInterval -}}
+{{- $n := int (trimSuffix "s" (trimSuffix "m" (trimSuffix "h" $i))) -}}
+{{- $s := $n -}}
+{{- if hasSuffix "h" $i -}}{{- $s = mul $n 3600 -}}
+{{- else if hasSuffix "m" $i -}}{{- $s = mul $n 60 -}}
+{{- end -}}
+{{- max 60 (mul 12 $s) -}}
+{{- end -}}
+
+{{/*
 Configuration checks the schema cannot express; each fails the render with what to change.
 */}}
 {{- define "etcd-steward.validate" -}}
@@ -266,6 +280,10 @@ when every volume is lost (ETCD_STEWARD_RESTORE).
   value: {{ .Values.backups.interval | quote }}
 - name: ETCD_STEWARD_BACKUP_KEEP
   value: {{ .Values.backups.keep | int | quote }}
+- name: ETCD_STEWARD_ARCHIVE_INTERVAL
+  value: {{ .Values.backups.archiveInterval | quote }}
+- name: ETCD_STEWARD_BACKUP_COMPRESSION
+  value: {{ .Values.backups.compression | quote }}
 - name: ETCD_STEWARD_RESTORE
   value: {{ .Values.backups.restore | quote }}
 {{- if and .Values.backups.credentialsSecret (hasPrefix "s3://" .Values.backups.url) }}
