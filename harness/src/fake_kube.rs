@@ -3,7 +3,9 @@
 //! PodList of the namespace, honouring an equality-based `labelSelector`
 //! (`k=v,k2=v2`). Beside the set's pods it holds a stray pod that does not carry the set's
 //! labels ([`FakeKube::set_stray`]), so that a client that lists every pod of the
-//! namespace is caught. Plain HTTP, no authentication.
+//! namespace is caught. It also takes `events.k8s.io/v1` Events (a POST validated as the
+//! API server validates one, a JSON merge patch of its series) and keeps them
+//! ([`FakeKube::events`]). Plain HTTP, no authentication.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -36,6 +38,11 @@ struct Held {
     requests: HashMap<String, usize>,
     /// The bearer token of the last request (`None`: it had none).
     bearer: Option<String>,
+    /// The `events.k8s.io/v1` Events created, as stored (series updates merged in), in
+    /// the order they were created.
+    events: Vec<serde_json::Value>,
+    /// Answer every Event call with this status (`None`: accept them).
+    refuse_events: Option<u16>,
 }
 
 struct Shared {
@@ -82,6 +89,14 @@ impl FakeKube {
                 get(statefulset),
             )
             .route("/api/v1/namespaces/{ns}/pods", get(pods))
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+                axum::routing::post(create_event),
+            )
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
+                axum::routing::patch(patch_event),
+            )
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(bind)
             .await
@@ -121,6 +136,17 @@ impl FakeKube {
     /// set's form (`<set>-<n>`): only a list narrowed to the set's labels tells it apart.
     pub fn set_stray(&self, name: Option<&str>) {
         self.shared.held().stray = name.map(str::to_string);
+    }
+
+    /// The Events created so far (series updates merged in), oldest first.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.shared.held().events.clone()
+    }
+
+    /// Answer every Event call with `code` (e.g. 403, as an API without the RBAC does);
+    /// `None`: accept them again.
+    pub fn refuse_events(&self, code: Option<u16>) {
+        self.shared.held().refuse_events = code;
     }
 
     /// The bearer token of the last request, `None` when it had none.
@@ -343,5 +369,181 @@ mod tests {
         assert!(selects("app!=web", &labels));
         assert!(selects("tier,!debug", &labels));
         assert!(!selects("debug", &labels));
+    }
+}
+
+fn status_response(code: StatusCode, reason: &str, message: String) -> Response {
+    json_response(
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+/// What the API server's validation of a new `events.k8s.io/v1` Event refuses (the
+/// fields it requires once `eventTime` is set, the type, the note's length).
+fn invalid_event(e: &serde_json::Value, ns: &str) -> Option<String> {
+    let text = |k: &str| e.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
+    if e.get("apiVersion").and_then(serde_json::Value::as_str) != Some("events.k8s.io/v1")
+        || text("kind") != "Event"
+    {
+        return Some("apiVersion and kind must be events.k8s.io/v1 Event".into());
+    }
+    let meta = &e["metadata"];
+    if meta["name"].as_str().is_none_or(str::is_empty) {
+        return Some("metadata.name: Required value".into());
+    }
+    if meta["namespace"].as_str().is_some_and(|n| n != ns) {
+        return Some("metadata.namespace: does not match the namespace of the request".into());
+    }
+    for k in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        if text(k).is_empty() {
+            return Some(format!("{k}: Required value"));
+        }
+    }
+    if text("action").len() > 128 || text("reason").len() > 128 {
+        return Some("action, reason: must be no more than 128 characters".into());
+    }
+    if !matches!(text("type"), "Normal" | "Warning") {
+        return Some(format!("type: Unsupported value: {:?}", text("type")));
+    }
+    if text("note").len() > 1024 {
+        return Some("note: Too long: must have at most 1024 bytes".into());
+    }
+    if e["regarding"]["kind"].as_str().is_none_or(str::is_empty) {
+        return Some("regarding.kind: Required value".into());
+    }
+    None
+}
+
+async fn create_event(
+    State(shared): State<Arc<Shared>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    answer(
+        &shared,
+        format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+        &headers,
+    )
+    .await;
+    if let Some(code) = shared.held().refuse_events {
+        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
+        return status_response(
+            code,
+            "Forbidden",
+            "events.events.k8s.io is forbidden".into(),
+        );
+    }
+    let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return status_response(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    if let Some(why) = invalid_event(&event, &ns) {
+        return status_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("Event is invalid: {why}"),
+        );
+    }
+    let mut h = shared.held();
+    let name = event["metadata"]["name"].as_str().unwrap_or("").to_string();
+    if h.events
+        .iter()
+        .any(|e| e["metadata"]["name"] == name.as_str())
+    {
+        return status_response(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("events.events.k8s.io \"{name}\" already exists"),
+        );
+    }
+    event["metadata"]["namespace"] = json!(ns);
+    event["metadata"]["resourceVersion"] = json!((h.events.len() + 1).to_string());
+    event["metadata"]["uid"] = json!(format!("e0000000-0000-0000-0000-{:012}", h.events.len()));
+    h.events.push(event.clone());
+    json_response(StatusCode::CREATED, event)
+}
+
+/// A JSON merge patch (RFC 7386) of an Event: what a series update sends.
+async fn patch_event(
+    State(shared): State<Arc<Shared>>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    answer(
+        &shared,
+        format!("/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}"),
+        &headers,
+    )
+    .await;
+    if let Some(code) = shared.held().refuse_events {
+        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
+        return status_response(
+            code,
+            "Forbidden",
+            "events.events.k8s.io is forbidden".into(),
+        );
+    }
+    let merge = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/merge-patch+json"));
+    if !merge {
+        return status_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "the fake takes application/merge-patch+json only".into(),
+        );
+    }
+    let Ok(patch) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return status_response(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    let mut h = shared.held();
+    let Some(event) = h
+        .events
+        .iter_mut()
+        .find(|e| e["metadata"]["name"] == name.as_str())
+    else {
+        return not_found("events.events.k8s.io", &name, "events.k8s.io");
+    };
+    merge_patch(event, &patch);
+    if event["series"].is_object()
+        && (event["series"]["count"].as_i64().is_none_or(|c| c < 2)
+            || event["series"]["lastObservedTime"].as_str().is_none())
+    {
+        return status_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "Event is invalid: series.count must be at least 2 and series.lastObservedTime is required".into(),
+        );
+    }
+    json_response(StatusCode::OK, event.clone())
+}
+
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (k, v) in fields {
+                if v.is_null() {
+                    if let Some(o) = target.as_object_mut() {
+                        o.remove(k);
+                    }
+                } else {
+                    merge_patch(&mut target[k.as_str()], v);
+                }
+            }
+        }
+        other => *target = other.clone(),
     }
 }

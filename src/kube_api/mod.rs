@@ -21,6 +21,8 @@ use thiserror::Error;
 
 use crate::identity::parse_pod_name;
 
+pub mod events;
+
 /// The service account's files, as Kubernetes mounts them in every pod.
 pub const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 pub const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";

@@ -1,0 +1,633 @@
+//! Kubernetes Events (`events.k8s.io/v1`) for the agent's consequential acts, posted on the
+//! pod that acted (`regarding`: the Pod; `reportingController: etcd-steward`;
+//! `reportingInstance`: the pod's name), so that `kubectl describe pod` and
+//! `kubectl get events` tell an incident before anyone reads a container's log.
+//!
+//! - [`Reason`] is the fixed set of reasons, each Normal or Warning.
+//! - [`Series`] (pure) aggregates repeats the Kubernetes way: an act repeated with the same
+//!   reason and note within [`SERIES_WINDOW`] of the last one joins its Event's `series`
+//!   (a count and the last time seen), sent at most every [`HEARTBEAT`]; a ten-minute wait
+//!   is one Event with a growing count, not six hundred.
+//! - [`Events`] is the handle the roles post through: [`Events::post`] never waits (a
+//!   bounded queue; a full one drops the act and counts it), and one task makes the calls,
+//!   each within the API's call time-out. A slow, refusing or absent API server delays no
+//!   decision; every call that fails is counted (`etcd_steward_events_failed_total`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::{Event, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+
+use super::{ApiWorkload, KubeAccess, KubeError};
+
+/// `reportingController` of every Event the agent posts.
+pub const CONTROLLER: &str = "etcd-steward";
+
+/// A repeat within this long of the last occurrence joins its Event's series (client-go's
+/// events recorder uses the same window).
+pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+
+/// A series' count is sent at most this often.
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// Acts waiting for the posting task; beyond this they are dropped and counted.
+const QUEUE: usize = 256;
+
+/// The API keeps a note up to 1 KiB.
+const NOTE_BYTES: usize = 1024;
+
+/// Why an Event is posted: the fixed set the README documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    Bootstrapped,
+    JoinedAsLearner,
+    Promoted,
+    MemberReplaced,
+    DataSetAside,
+    PeerURLUpdated,
+    RestoredFromBackup,
+    RecoveryStarted,
+    RecoveredFromSurvivor,
+    ScaledIn,
+    LeftCluster,
+    LearnerRemoved,
+    Defragmented,
+    NospaceDisarmed,
+    UpgradeHeld,
+    MemberDiverged,
+    MemberRebuilt,
+    BackupFailing,
+    RestoreHeld,
+    WaitingTooLong,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 20] = [
+        Reason::Bootstrapped,
+        Reason::JoinedAsLearner,
+        Reason::Promoted,
+        Reason::MemberReplaced,
+        Reason::DataSetAside,
+        Reason::PeerURLUpdated,
+        Reason::RestoredFromBackup,
+        Reason::RecoveryStarted,
+        Reason::RecoveredFromSurvivor,
+        Reason::ScaledIn,
+        Reason::LeftCluster,
+        Reason::LearnerRemoved,
+        Reason::Defragmented,
+        Reason::NospaceDisarmed,
+        Reason::UpgradeHeld,
+        Reason::MemberDiverged,
+        Reason::MemberRebuilt,
+        Reason::BackupFailing,
+        Reason::RestoreHeld,
+        Reason::WaitingTooLong,
+    ];
+
+    /// The Event's `reason` (and `action`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Bootstrapped => "Bootstrapped",
+            Reason::JoinedAsLearner => "JoinedAsLearner",
+            Reason::Promoted => "Promoted",
+            Reason::MemberReplaced => "MemberReplaced",
+            Reason::DataSetAside => "DataSetAside",
+            Reason::PeerURLUpdated => "PeerURLUpdated",
+            Reason::RestoredFromBackup => "RestoredFromBackup",
+            Reason::RecoveryStarted => "RecoveryStarted",
+            Reason::RecoveredFromSurvivor => "RecoveredFromSurvivor",
+            Reason::ScaledIn => "ScaledIn",
+            Reason::LeftCluster => "LeftCluster",
+            Reason::LearnerRemoved => "LearnerRemoved",
+            Reason::Defragmented => "Defragmented",
+            Reason::NospaceDisarmed => "NospaceDisarmed",
+            Reason::UpgradeHeld => "UpgradeHeld",
+            Reason::MemberDiverged => "MemberDiverged",
+            Reason::MemberRebuilt => "MemberRebuilt",
+            Reason::BackupFailing => "BackupFailing",
+            Reason::RestoreHeld => "RestoreHeld",
+            Reason::WaitingTooLong => "WaitingTooLong",
+        }
+    }
+
+    /// Warning: a person should look (data set aside, a restore, a recovery, something held
+    /// or failing); Normal otherwise.
+    pub fn is_warning(self) -> bool {
+        matches!(
+            self,
+            Reason::MemberReplaced
+                | Reason::DataSetAside
+                | Reason::RestoredFromBackup
+                | Reason::RecoveryStarted
+                | Reason::RecoveredFromSurvivor
+                | Reason::UpgradeHeld
+                | Reason::MemberDiverged
+                | Reason::MemberRebuilt
+                | Reason::BackupFailing
+                | Reason::RestoreHeld
+                | Reason::WaitingTooLong
+        )
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One act to post: its reason, and the note (the log's sentence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Act {
+    pub reason: Reason,
+    pub note: String,
+}
+
+/// A call to the API that [`Series`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// A new Event named `name`.
+    Create {
+        name: String,
+        act: Act,
+        time: SystemTime,
+    },
+    /// The series of Event `name`: `count` occurrences, the last at `last_observed`.
+    Patch {
+        name: String,
+        count: u32,
+        last_observed: SystemTime,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    name: String,
+    count: u32,
+    /// The last occurrence, on the monotonic clock (the windows) and the wall clock (what
+    /// the Event says).
+    last: Instant,
+    last_wall: SystemTime,
+    sent_count: u32,
+    sent_at: Instant,
+}
+
+/// The Events posted recently, by reason and note (pure: every time is given; the windows
+/// are measured on the monotonic clock, so a paused or jumping wall clock changes none).
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// The pod's name: every Event's name starts with it.
+    pod: String,
+    entries: HashMap<(Reason, String), Entry>,
+    /// Tells apart Events created in the same nanosecond.
+    created: u64,
+}
+
+impl Series {
+    pub fn new(pod: &str) -> Series {
+        Series {
+            pod: pod.to_string(),
+            entries: HashMap::new(),
+            created: 0,
+        }
+    }
+
+    /// `act` happened at `now` (`wall` on the wall clock): a new Event, the series' count
+    /// when a heartbeat is due, or nothing yet (counted, sent by a later [`Series::due`]).
+    pub fn record(&mut self, act: Act, now: Instant, wall: SystemTime) -> Option<Call> {
+        let key = (act.reason, act.note.clone());
+        match self.entries.get_mut(&key) {
+            Some(e) if within(e.last, now, SERIES_WINDOW) => {
+                e.count += 1;
+                e.last = now;
+                e.last_wall = wall;
+                if !within(e.sent_at, now, HEARTBEAT) {
+                    e.sent_count = e.count;
+                    e.sent_at = now;
+                    return Some(Call::Patch {
+                        name: e.name.clone(),
+                        count: e.count,
+                        last_observed: wall,
+                    });
+                }
+                None
+            }
+            _ => {
+                self.created += 1;
+                let nanos = wall
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                let name = format!("{}.{:x}{:x}", self.pod, nanos, self.created);
+                self.entries.insert(
+                    key,
+                    Entry {
+                        name: name.clone(),
+                        count: 1,
+                        last: now,
+                        last_wall: wall,
+                        sent_count: 1,
+                        sent_at: now,
+                    },
+                );
+                Some(Call::Create {
+                    name,
+                    act,
+                    time: wall,
+                })
+            }
+        }
+    }
+
+    /// The counts not sent yet whose heartbeat is due at `now`; forgets series that ended
+    /// (nothing new within [`SERIES_WINDOW`]) once their count is sent.
+    pub fn due(&mut self, now: Instant) -> Vec<Call> {
+        let mut calls = Vec::new();
+        for e in self.entries.values_mut() {
+            if e.count > e.sent_count && !within(e.sent_at, now, HEARTBEAT) {
+                e.sent_count = e.count;
+                e.sent_at = now;
+                calls.push(Call::Patch {
+                    name: e.name.clone(),
+                    count: e.count,
+                    last_observed: e.last_wall,
+                });
+            }
+        }
+        self.entries
+            .retain(|_, e| e.count > e.sent_count || within(e.last, now, SERIES_WINDOW));
+        calls.sort_by(|a, b| call_name(a).cmp(call_name(b)));
+        calls
+    }
+}
+
+fn call_name(c: &Call) -> &str {
+    match c {
+        Call::Create { name, .. } | Call::Patch { name, .. } => name,
+    }
+}
+
+/// `then` is less than `span` before `now`.
+fn within(then: Instant, now: Instant, span: Duration) -> bool {
+    now.saturating_duration_since(then) < span
+}
+
+/// The pod the Events regard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Regarding {
+    pub namespace: String,
+    pub pod: String,
+    /// The pod's UID when known (`POD_UID` from the downward API), so that an Event of an
+    /// earlier pod of the same name is not shown on this one.
+    pub uid: Option<String>,
+}
+
+/// The Event a [`Call::Create`] posts.
+pub fn event(regarding: &Regarding, name: &str, act: &Act, time: SystemTime) -> Event {
+    let mut note = act.note.clone();
+    if note.len() > NOTE_BYTES {
+        let mut cut = NOTE_BYTES - 3;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    Event {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(regarding.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(micro_time(time)),
+        action: Some(act.reason.as_str().to_string()),
+        reason: Some(act.reason.as_str().to_string()),
+        note: Some(note),
+        type_: Some(
+            if act.reason.is_warning() {
+                "Warning"
+            } else {
+                "Normal"
+            }
+            .to_string(),
+        ),
+        reporting_controller: Some(CONTROLLER.to_string()),
+        reporting_instance: Some(regarding.pod.clone()),
+        regarding: Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(regarding.pod.clone()),
+            namespace: Some(regarding.namespace.clone()),
+            uid: regarding.uid.clone(),
+            ..ObjectReference::default()
+        }),
+        ..Event::default()
+    }
+}
+
+fn micro_time(t: SystemTime) -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::try_from(t).unwrap_or_default())
+}
+
+/// The two calls the posting task makes.
+pub trait EventApi: Send + Sync + 'static {
+    fn create(&self, event: Event) -> impl Future<Output = Result<(), KubeError>> + Send;
+    fn update_series(
+        &self,
+        name: &str,
+        series: EventSeries,
+    ) -> impl Future<Output = Result<(), KubeError>> + Send;
+}
+
+/// The real API, with the same access (URL, token, CA) as the rest of the agent's calls.
+pub struct ApiEvents {
+    api: ApiWorkload,
+}
+
+impl ApiEvents {
+    pub fn new(access: &KubeAccess) -> Result<ApiEvents, KubeError> {
+        Ok(ApiEvents {
+            api: ApiWorkload::new(access)?,
+        })
+    }
+}
+
+impl EventApi for ApiEvents {
+    async fn create(&self, event: Event) -> Result<(), KubeError> {
+        let ns = self.api.access.namespace.clone();
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events");
+        self.api
+            .call(&path, |c| async move {
+                Api::<Event>::namespaced(c, &ns)
+                    .create(&PostParams::default(), &event)
+                    .await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn update_series(&self, name: &str, series: EventSeries) -> Result<(), KubeError> {
+        let ns = self.api.access.namespace.clone();
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}");
+        let patch = serde_json::json!({ "series": series });
+        self.api
+            .call(&path, |c| async move {
+                Api::<Event>::namespaced(c, &ns)
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Where the roles post their acts. Cloning shares the queue.
+#[derive(Debug, Clone)]
+pub struct Events {
+    tx: Option<mpsc::Sender<Act>>,
+    failed: Counter,
+}
+
+impl Events {
+    /// Posts nothing (`--events=false`, or no Kubernetes API).
+    pub fn off() -> Events {
+        Events {
+            tx: None,
+            failed: Counter::default(),
+        }
+    }
+
+    /// Starts the posting task on the current runtime. `failed` counts every act not
+    /// posted (a refused or unanswered call, a full queue).
+    pub fn start<A: EventApi>(api: A, regarding: Regarding, failed: Counter) -> Events {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(run(api, regarding, rx, failed.clone()));
+        Events {
+            tx: Some(tx),
+            failed,
+        }
+    }
+
+    /// Queues `reason` with `note`; never waits.
+    pub fn post(&self, reason: Reason, note: impl Into<String>) {
+        let Some(tx) = &self.tx else { return };
+        if tx
+            .try_send(Act {
+                reason,
+                note: note.into(),
+            })
+            .is_err()
+        {
+            self.failed.inc();
+        }
+    }
+
+    /// Whether acts are posted at all.
+    pub fn is_on(&self) -> bool {
+        self.tx.is_some()
+    }
+}
+
+/// tokio's clock (paused in tests), as a std `Instant`.
+fn monotonic() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+async fn run<A: EventApi>(
+    api: A,
+    regarding: Regarding,
+    mut rx: mpsc::Receiver<Act>,
+    failed: Counter,
+) {
+    let mut series = Series::new(&regarding.pod);
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        let calls = tokio::select! {
+            act = rx.recv() => match act {
+                Some(act) => series.record(act, monotonic(), SystemTime::now()).into_iter().collect(),
+                None => series.due(monotonic() + HEARTBEAT),
+            },
+            _ = heartbeat.tick() => series.due(monotonic()),
+        };
+        for call in calls {
+            let result = match &call {
+                Call::Create { name, act, time } => {
+                    api.create(event(&regarding, name, act, *time)).await
+                }
+                Call::Patch {
+                    name,
+                    count,
+                    last_observed,
+                } => {
+                    let series = EventSeries {
+                        count: i32::try_from(*count).unwrap_or(i32::MAX),
+                        last_observed_time: micro_time(*last_observed),
+                    };
+                    api.update_series(name, series).await
+                }
+            };
+            match result {
+                Ok(()) => warned = false,
+                Err(e) => {
+                    failed.inc();
+                    if !warned {
+                        tracing::warn!(error = %e, "a Kubernetes Event could not be posted (counted in etcd_steward_events_failed_total; said once until one is posted)");
+                        warned = true;
+                    }
+                }
+            }
+        }
+        if rx.is_closed() && rx.is_empty() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000 + secs)
+    }
+
+    /// A monotonic instant `secs` after the test's start.
+    fn mono(secs: u64) -> Instant {
+        use std::sync::OnceLock;
+        static START: OnceLock<Instant> = OnceLock::new();
+        *START.get_or_init(Instant::now) + Duration::from_secs(secs)
+    }
+
+    fn waiting() -> Act {
+        Act {
+            reason: Reason::WaitingTooLong,
+            note: "waiting for etcd-2 to prepare".into(),
+        }
+    }
+
+    #[test]
+    fn a_ten_minute_wait_repeated_every_second_is_one_event_with_a_growing_count() {
+        let mut s = Series::new("etcd-0");
+        let mut creates = 0;
+        let mut counts = Vec::new();
+        for t in 0..600 {
+            let mut calls: Vec<Call> = s.record(waiting(), mono(t), at(t)).into_iter().collect();
+            calls.extend(s.due(mono(t)));
+            for c in calls {
+                match c {
+                    Call::Create { .. } => creates += 1,
+                    Call::Patch { count, .. } => counts.push(count),
+                }
+            }
+        }
+        counts.extend(s.due(mono(700)).into_iter().map(|c| match c {
+            Call::Patch { count, .. } => count,
+            Call::Create { .. } => 0,
+        }));
+        assert_eq!(creates, 1);
+        assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
+        assert_eq!(
+            counts.last(),
+            Some(&600),
+            "the last count sent is every occurrence"
+        );
+        assert!(
+            counts.len() <= 21,
+            "one patch per heartbeat at most: {counts:?}"
+        );
+    }
+
+    #[test]
+    fn a_repeat_after_the_window_is_a_new_event() {
+        let mut s = Series::new("etcd-0");
+        assert!(matches!(
+            s.record(waiting(), mono(0), at(0)),
+            Some(Call::Create { .. })
+        ));
+        assert!(s.due(mono(400)).is_empty());
+        assert!(matches!(
+            s.record(waiting(), mono(400), at(400)),
+            Some(Call::Create { .. })
+        ));
+    }
+
+    #[test]
+    fn another_note_or_reason_is_another_event() {
+        let mut s = Series::new("etcd-0");
+        let first = s.record(waiting(), mono(0), at(0));
+        let other_note = s.record(
+            Act {
+                note: "waiting for etcd-1 to prepare".into(),
+                ..waiting()
+            },
+            mono(1),
+            at(1),
+        );
+        let other_reason = s.record(
+            Act {
+                reason: Reason::RestoreHeld,
+                ..waiting()
+            },
+            mono(2),
+            at(2),
+        );
+        let names: Vec<String> = [first, other_note, other_reason]
+            .into_iter()
+            .map(|c| match c {
+                Some(Call::Create { name, .. }) => name,
+                other => panic!("a new Event each: {other:?}"),
+            })
+            .collect();
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
+        assert!(names.iter().all(|n| n.starts_with("etcd-0.")));
+    }
+
+    #[test]
+    fn the_event_regards_the_pod_and_keeps_a_long_note_within_the_apis_limit() {
+        let r = Regarding {
+            namespace: "db".into(),
+            pod: "etcd-1".into(),
+            uid: Some("u-1".into()),
+        };
+        let act = Act {
+            reason: Reason::MemberReplaced,
+            note: "é".repeat(2000),
+        };
+        let e = event(&r, "etcd-1.abc", &act, at(0));
+        assert!(e.note.as_ref().unwrap().len() <= NOTE_BYTES);
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.reporting_controller.as_deref(), Some(CONTROLLER));
+        assert_eq!(e.reporting_instance.as_deref(), Some("etcd-1"));
+        let regarding = e.regarding.unwrap();
+        assert_eq!(regarding.kind.as_deref(), Some("Pod"));
+        assert_eq!(regarding.name.as_deref(), Some("etcd-1"));
+        assert_eq!(regarding.uid.as_deref(), Some("u-1"));
+        let json = serde_json::to_value(event(&r, "etcd-1.abc", &waiting(), at(0))).unwrap();
+        assert_eq!(json["eventTime"], "2026-11-18T11:06:40.000000Z");
+        assert_eq!(json["type"], "Warning");
+        let promoted = Act {
+            reason: Reason::Promoted,
+            note: "promoted".into(),
+        };
+        assert_eq!(
+            event(&r, "n", &promoted, at(0)).type_.as_deref(),
+            Some("Normal")
+        );
+    }
+
+    #[test]
+    fn every_reason_has_its_own_name() {
+        let names: std::collections::BTreeSet<&str> =
+            Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), Reason::ALL.len());
+    }
+}
