@@ -151,6 +151,38 @@ async fn scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(e
         assert_eq!(set.count_keys_on(o, "k/").await.unwrap(), 20);
     }
     assert_eq!(removals(&set, &[0, 1, 2]).await, 2);
+    // Each removal is a ScaledIn Event on the pod whose sidecar removed it (the leader's),
+    // in the API's own shape.
+    harness::wait_for_or(
+        WAIT,
+        "two ScaledIn Events",
+        || async {
+            api.events()
+                .iter()
+                .filter(|e| e["reason"] == "ScaledIn")
+                .count()
+                == 2
+        },
+        || format!("{:#?}\n{}", api.events(), set.dump()),
+    )
+    .await;
+    for e in api.events().iter().filter(|e| e["reason"] == "ScaledIn") {
+        let pod = e["regarding"]["name"].as_str().unwrap();
+        assert_eq!(e["regarding"]["kind"], "Pod");
+        assert_eq!(e["reportingController"], "etcd-steward");
+        assert_eq!(e["reportingInstance"], pod);
+        assert!(
+            ["etcd-0", "etcd-1", "etcd-2"].contains(&pod),
+            "posted by a running pod: {e:#}"
+        );
+        assert!(
+            e["note"]
+                .as_str()
+                .unwrap()
+                .contains("scale-in: removed member"),
+            "{e:#}"
+        );
+    }
 
     let pod2 = set.member_id(2).await.unwrap();
     // spec.replicas 2 with pod 2 still running: its preStop hook removes its own member,

@@ -213,6 +213,16 @@ pub struct KubeArgs {
     /// The StatefulSet [default: the pod name without -<ordinal>].
     #[arg(long, env = "ETCD_STEWARD_STATEFULSET_NAME")]
     pub statefulset_name: Option<String>,
+    /// Kubernetes Events (events.k8s.io/v1) for every act that changes membership or data,
+    /// or that a person must act on, posted on this pod (needs RBAC create and patch on
+    /// events.k8s.io events). On whenever the API is known; best-effort, never in a
+    /// decision's way.
+    #[arg(long, env = "ETCD_STEWARD_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
+    /// This pod's UID (the downward API's metadata.uid), so that its Events are not shown
+    /// on a later pod of the same name.
+    #[arg(long = "pod-uid", env = "POD_UID", hide = true)]
+    pub pod_uid: Option<String>,
 }
 
 /// Backup options, shared by `init` (restore when every volume is lost), `sidecar`

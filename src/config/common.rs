@@ -180,6 +180,12 @@ impl CommonArgs {
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
+        let events =
+            (self.kube.events && kube.is_some()).then(|| crate::kube_api::events::Regarding {
+                namespace: self.namespace.clone(),
+                pod: format!("{set_name}-{ordinal}"),
+                uid: self.kube.pod_uid.clone().filter(|u| !u.is_empty()),
+            });
         Ok(Config {
             identity: Identity {
                 set_name,
@@ -213,6 +219,7 @@ impl CommonArgs {
             control_token,
             backup,
             defrag,
+            events,
             kube,
             scale_in,
         })

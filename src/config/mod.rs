@@ -62,6 +62,9 @@ pub struct Config {
     pub kube: Option<crate::kube_api::KubeAccess>,
     /// `--scale-in`: how often the leader's sidecar asks the API.
     pub scale_in: Option<Duration>,
+    /// The pod Kubernetes Events are posted on, when they are on (`--events`, and the API
+    /// known).
+    pub events: Option<crate::kube_api::events::Regarding>,
 }
 
 impl Config {

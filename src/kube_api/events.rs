@@ -395,6 +395,12 @@ pub struct Events {
     failed: Counter,
 }
 
+impl Default for Events {
+    fn default() -> Events {
+        Events::off()
+    }
+}
+
 impl Events {
     /// Posts nothing (`--events=false`, or no Kubernetes API).
     pub fn off() -> Events {

@@ -98,6 +98,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                 archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,
+                events: events(cfg, registry),
             },
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
@@ -197,6 +198,28 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
 
 /// Every planner, in the order their steps run. Each registers its own metrics (the
 /// backup rounds' are the executor's: [`execute::backup::BackupRounds::new`]).
+/// Kubernetes Events on this pod, when they are on; their failures counted either way
+/// (`etcd_steward_events_failed_total`).
+fn events(cfg: &Config, registry: &mut Registry) -> crate::kube_api::events::Events {
+    use crate::kube_api::events::{ApiEvents, Events};
+    let failed = prometheus_client::metrics::counter::Counter::default();
+    registry.register(
+        "etcd_steward_events_failed",
+        "Kubernetes Events not posted: refused or unanswered by the API, or dropped while it was slow",
+        failed.clone(),
+    );
+    let (Some(regarding), Some(access)) = (&cfg.events, &cfg.kube) else {
+        return Events::off();
+    };
+    match ApiEvents::new(access) {
+        Ok(api) => Events::start(api, regarding.clone(), failed),
+        Err(e) => {
+            tracing::warn!(error = %e, "Kubernetes Events are off: the API client cannot be set up");
+            Events::off()
+        }
+    }
+}
+
 pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> {
     let mut planners: Vec<Box<dyn Planner>> = vec![
         Box::new(plan::promote::Promote::new(registry)),

@@ -4,6 +4,7 @@
 //! Kubernetes API's watcher, the voters' probe), [`defrag`] (under the lock key); each
 //! also adds to the observation what its planner reads ([`Jobs::gather`]).
 
+mod acts;
 pub mod archive;
 pub mod backup;
 pub mod defrag;
@@ -17,6 +18,7 @@ use super::plan::{Observation, Outcome, Step};
 use super::recovery::AutoRecoverDuty;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
+use crate::kube_api::events::Events;
 use archive::ArchiveRounds;
 use backup::BackupRounds;
 use defrag::defragment;
@@ -34,6 +36,9 @@ pub struct Jobs {
     pub scale_in: Option<ScaleInDuty>,
     /// With `--auto-recover-after`: the looks for a proof of loss, and the inbox.
     pub auto_recover: Option<AutoRecoverDuty>,
+    /// Kubernetes Events for the acts that change membership or data (off without the API
+    /// or with `--events=false`).
+    pub events: Events,
 }
 
 impl Jobs {
@@ -171,12 +176,16 @@ pub async fn execute<D: Dns, C: Connector>(
             Ok(local) => local.disarm_nospace().await.map(|n| {
                 if n > 0 {
                     tracing::warn!(alarms = n, "NOSPACE disarmed: every member's database file is under the quota with margin after defragmentation; writes resume");
+                    jobs.events.post(
+                        crate::kube_api::events::Reason::NospaceDisarmed,
+                        format!("NOSPACE disarmed ({n} alarm(s)): every member's database file is under the quota with margin after defragmentation; writes resume"),
+                    );
                 }
             }),
             Err(e) => Err(e),
         },
     };
-    logged(match result {
+    let outcome = logged(match result {
         Ok(()) => Outcome::Done(step),
         Err(EtcdError::AlreadyVoter { .. }) => Outcome::Moot(step),
         Err(EtcdError::MemberNotFound { .. }) if matches!(step, Step::RemoveMember { .. }) => {
@@ -184,11 +193,20 @@ pub async fn execute<D: Dns, C: Connector>(
         }
         Err(EtcdError::LearnerNotReady { .. }) => Outcome::NotYet(step),
         Err(e) => Outcome::Failed(step, e.to_string()),
-    })
+    });
+    posted(outcome, &jobs.events)
 }
 
 fn logged(outcome: Outcome) -> Outcome {
     log(&outcome);
+    outcome
+}
+
+/// Posts the Event an outcome is (when it is one: an act that changed membership or data).
+fn posted(outcome: Outcome, events: &Events) -> Outcome {
+    if let Some((reason, note)) = acts::event_of(&outcome) {
+        events.post(reason, note);
+    }
     outcome
 }
 
