@@ -45,6 +45,7 @@ fn free_port() -> u16 {
 struct Etcd {
     child: Child,
     client: u16,
+    peer: u16,
 }
 
 impl Drop for Etcd {
@@ -72,7 +73,11 @@ impl Etcd {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let etcd = Etcd { child, client };
+        let etcd = Etcd {
+            child,
+            client,
+            peer,
+        };
         harness::wait_for(Duration::from_secs(30), "etcd serves", || async {
             match etcd.try_client().await {
                 Ok(mut c) => c.get("probe", None).await.is_ok(),
@@ -507,6 +512,40 @@ async fn a_corrupted_segment_fails_the_archive_drill_naming_it() {
         (1, 1)
     );
     assert_eq!(metrics.drill_archive_last_revision, None);
+    // `backup --drill` says so too, and fails.
+    let scratch = dir.path().join("cli-scratch");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args(["backup", "--drill", "--name", "etcd-0", "--replicas", "1"])
+        .args(["--listen-ip", "127.0.0.1"])
+        .args(["--client-port", &live.client.to_string()])
+        .args(["--peer-port", &live.peer.to_string()])
+        .arg(format!(
+            "--backup-url=file://{}",
+            dir.path().join("store").display()
+        ))
+        .arg(format!("--etcd-bin={}", RELEASE.bin().display()))
+        .arg(format!(
+            "--etcdutl-bin={}",
+            RELEASE.offline_tool().display()
+        ))
+        .arg(format!("--backup-scratch-dir={}", scratch.display()))
+        .env("ETCD_STEWARD_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(line["passed"], true, "the snapshot restores: {line}");
+    assert_eq!(line["archive"]["passed"], false, "{line}");
+    assert_eq!(line["archive"]["hash_check"], "not_run", "{line}");
+    let said = line["archive"]["detail"].as_str().unwrap();
+    assert!(said.contains(&bad.name), "{said}");
 }
 
 #[tokio::test]

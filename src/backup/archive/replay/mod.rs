@@ -194,7 +194,7 @@ async fn replay_then(
     if work.exists() {
         std::fs::remove_dir_all(work).map_err(io("remove", work))?;
     }
-    crate::backup::restore::create_private_dir(work).map_err(scratch_err)?;
+    scratch::create_private_dir(work).map_err(io("create", work))?;
     let data = work.join("data");
     let scratch = Scratch::new("replay", &format!("replay-{snapshot_name}"))
         .map_err(|e| scratch_err(format!("no free port: {e}")))?;
