@@ -266,7 +266,7 @@ async fn backup_command(
         return match backups.drill_newest(&source, now).await? {
             Some(outcome) => {
                 println!("{}", outcome.to_json());
-                Ok(outcome.passed)
+                Ok(outcome.passed_all())
             }
             None => anyhow::bail!("no verified snapshot to drill in {}", backup_cfg.url),
         };

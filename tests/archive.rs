@@ -397,6 +397,82 @@ async fn a_store_down_for_a_while_is_caught_up_after(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// The periodic archive drill, by the leader's sidecar: a snapshot at the start, writes the
+/// archive holds, a second snapshot one `--backup-interval` later, and the round drills the
+/// archive continuing the first snapshot up to its last archived revision, where the
+/// replayed `HashKV` matches the live cluster's: recorded in the first snapshot's manifest
+/// and exported in `etcd_steward_backup_drill_archive_last_revision`.
+async fn the_leaders_round_drills_the_archive_continuing_the_snapshot_before_the_newest(
+    etcd: Etcd,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = file_store(&dir.path().join("store"));
+    let mut reaper = DrillReaper(None);
+    let every = ["--backup-interval=20s".to_string()];
+    let mut set = formed(etcd, &url, &every, &mut reaper).await;
+    let cluster = cluster_of(&set).await;
+    let mut written = Written::default();
+    let lease = {
+        let mut c = set.any_client().await.unwrap();
+        c.lease_grant(600, None).await.unwrap().id()
+    };
+    written.puts(&set, "/drilled", 30, 0).await;
+    written.puts(&set, "/leased", 5, lease).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let (snapshot, record) = loop {
+        let drilled = catalog::list(&store)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.cluster_id == cluster)
+            .find_map(|m| {
+                let a = m.drill.as_ref()?.archive.clone()?;
+                Some((m, a))
+            });
+        if let Some(found) = drilled {
+            break found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no archive drill recorded within 120 s{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(record.passed, "{record:?}");
+    assert_eq!(record.hash_check, "match", "{record:?}");
+    assert!(
+        record.last_revision >= written.last() && record.revisions > 0,
+        "the drill replays every write (up to {}): {record:?}",
+        written.last()
+    );
+    assert!(record.last_revision > snapshot.revision, "{record:?}");
+    let leader = set.leader().await.unwrap();
+    metric_until(
+        &set,
+        leader,
+        "etcd_steward_backup_drill_archive_last_revision",
+        |v| v >= written.last() as f64,
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &set,
+            leader,
+            "etcd_steward_backup_drill_archive_failures_total"
+        )
+        .await,
+        Some(0.0)
+    );
+    set.shutdown().await;
+}
+
+harness::per_etcd_version!(
+    [V3_5Current, V3_4] by scenario:
+    the_leaders_round_drills_the_archive_continuing_the_snapshot_before_the_newest =>
+        the_leaders_round_drills_the_archive_continuing_the_snapshot_before_the_newest,
+);
+
 /// While the archiver cannot reach the store, etcd compacts past what it archived: once
 /// the store is back, a break is counted, a new snapshot exists, and the archive continues
 /// from it with no gap.

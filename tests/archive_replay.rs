@@ -1,7 +1,10 @@
 //! The archive replay against real parts: etcd 3.5.30 on 127.0.0.1, a `file://` store,
 //! segments made from the live member's own watch (`support/archive.rs`). Each replayed
 //! file is restored (without a revision jump) into another etcd and its keyspace compared,
-//! key by key, with the live member's at the same revision.
+//! key by key, with the live member's at the same revision. The archive drill
+//! (`backup::drill` with segments continuing the snapshot) on the same parts: a `HashKV`
+//! match at the last archived revision (encrypted store, live compacted inside the
+//! archive), a corrupted segment named, a live cluster compacted past the archive skipped.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,11 +16,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_steward::backup::archive::drill::ArchiveCheck;
 use etcd_steward::backup::archive::replay::{self, EarlyStop, ReplaySetup, Replayed, Target};
 use etcd_steward::backup::archive::segment::{Op, Revision};
 use etcd_steward::backup::archive::SegmentManifest;
+use etcd_steward::backup::catalog;
+use etcd_steward::backup::crypt::{Key, Keys};
+use etcd_steward::backup::drill::{self, DrillOutcome, DrillSetup};
+use etcd_steward::backup::manifest::DrillRecord;
 use etcd_steward::backup::manifest::Manifest;
 use etcd_steward::backup::restore;
+use etcd_steward::backup::schedule::BackupMetrics;
 use etcd_steward::backup::snapshot::{self, EtcdSource, EtcdTarget};
 use etcd_steward::backup::store::Store;
 use etcd_steward::backup::tool::{EtcdTool, MemberParams};
@@ -36,6 +45,7 @@ fn free_port() -> u16 {
 struct Etcd {
     child: Child,
     client: u16,
+    peer: u16,
 }
 
 impl Drop for Etcd {
@@ -63,7 +73,11 @@ impl Etcd {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let etcd = Etcd { child, client };
+        let etcd = Etcd {
+            child,
+            client,
+            peer,
+        };
         harness::wait_for(Duration::from_secs(30), "etcd serves", || async {
             match etcd.try_client().await {
                 Ok(mut c) => c.get("probe", None).await.is_ok(),
@@ -220,7 +234,9 @@ async fn written(
     }
     c.put("/k/2", "back", None).await.unwrap();
     let last = live.revision().await;
-    let segments = archive::archive(&mut c, store, 0xc1, m.revision + 1, last, per, time_of).await;
+    let cluster = u64::from_str_radix(&m.cluster_id, 16).unwrap();
+    let segments =
+        archive::archive(&mut c, store, cluster, m.revision + 1, last, per, time_of).await;
     (live, m, file, segments, last)
 }
 
@@ -386,4 +402,185 @@ async fn replay_speed_with_1_kib_values() {
         r.resent,
         total
     );
+}
+
+// ---- the archive drill ---------------------------------------------------------------------
+
+fn drill_setup(dir: &Path) -> DrillSetup {
+    DrillSetup {
+        tool: EtcdTool::from_bin(RELEASE.offline_tool()),
+        etcd_bin: RELEASE.bin(),
+        scratch_dir: dir.join("drill-scratch"),
+        start_timeout: Duration::from_secs(30),
+        auth: None,
+    }
+}
+
+/// Drills snapshot `m` against `live` as the sidecar's round does, and returns the outcome,
+/// the drill record the manifest now holds, and what the metrics counted.
+async fn drilled(
+    store: &Store,
+    m: &Manifest,
+    live: &Etcd,
+    dir: &Path,
+) -> (DrillOutcome, DrillRecord, BackupMetrics) {
+    let source = EtcdSource::connect(&live.target()).await.unwrap();
+    let now = SystemTime::now();
+    let outcome = drill::drill(store, m, &drill_setup(dir), &source, now)
+        .await
+        .unwrap();
+    let mut metrics = BackupMetrics::default();
+    metrics.drilled(&outcome, now);
+    let recorded = catalog::list(store)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == m.name)
+        .unwrap();
+    (outcome, recorded.drill.unwrap(), metrics)
+}
+
+#[tokio::test]
+async fn the_drill_replays_the_encrypted_archive_and_matches_the_live_hash_at_its_last_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key.txt");
+    std::fs::write(&key_file, Key::generate_file()).unwrap();
+    let key = Key::load(&key_file).unwrap();
+    let store = store(dir.path()).with_keys(Keys {
+        write: Some(key),
+        read: vec![],
+    });
+    let (live, m, _, segments, last) = written(dir.path(), &store, 3).await;
+    assert!(m.encryption.is_some() && segments.iter().all(|s| s.encryption.is_some()));
+    let mut c = live.client().await;
+    // Compacted inside the archive: the replayed copy is compacted there too before its hash.
+    c.compact(m.revision + 3, None).await.unwrap();
+    // Writes not archived yet do not change the hash at the archive's last revision.
+    c.put("/not-archived", "x", None).await.unwrap();
+    let (outcome, record, metrics) = drilled(&store, &m, &live, dir.path()).await;
+    let a = outcome.archive.clone().expect("the archive is drilled");
+    assert!(a.passed && outcome.passed_all(), "{a:?}");
+    assert!(
+        matches!(a.check, ArchiveCheck::Match { revision, .. } if revision == last),
+        "{a:?}"
+    );
+    assert_eq!((a.last_revision, a.segments.len()), (last, segments.len()));
+    assert_eq!(a.revisions, u64::try_from(last - m.revision).unwrap());
+    let recorded = record.archive.expect("recorded in the manifest");
+    assert_eq!(
+        (
+            recorded.passed,
+            recorded.hash_check.as_str(),
+            recorded.last_revision
+        ),
+        (true, "match", last)
+    );
+    assert_eq!(metrics.drill_archive_last_revision, Some(last));
+    assert_eq!(
+        (metrics.drill_failures, metrics.drill_archive_failures),
+        (0, 0)
+    );
+    assert!(
+        !dir.path().join("drill-scratch/drill-archive").exists(),
+        "scratch left behind"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupted_segment_fails_the_archive_drill_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, _, segments, _) = written(dir.path(), &store, 3).await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let bad = &segments[1];
+    let path = dir.path().join("store").join(bad.seg_object());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let (outcome, record, metrics) = drilled(&store, &m, &live, dir.path()).await;
+    assert!(outcome.passed, "the snapshot itself restores: {outcome:?}");
+    let a = outcome.archive.clone().expect("the archive is drilled");
+    assert!(!a.passed && !outcome.passed_all(), "{a:?}");
+    assert_eq!(a.check, ArchiveCheck::NotRun);
+    assert_eq!(a.last_revision, segments[0].last_revision);
+    assert!(a.detail.contains(&bad.name), "{}", a.detail);
+    assert!(a.detail.contains("checksum"), "{}", a.detail);
+    let recorded = record.archive.expect("recorded in the manifest");
+    assert!(!recorded.passed);
+    assert!(recorded.detail.contains(&bad.name), "{}", recorded.detail);
+    assert_eq!(
+        (metrics.drill_failures, metrics.drill_archive_failures),
+        (1, 1)
+    );
+    assert_eq!(metrics.drill_archive_last_revision, None);
+    // `backup --drill` says so too, and fails.
+    let scratch = dir.path().join("cli-scratch");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_etcd-steward"))
+        .args(["backup", "--drill", "--name", "etcd-0", "--replicas", "1"])
+        .args(["--listen-ip", "127.0.0.1"])
+        .args(["--client-port", &live.client.to_string()])
+        .args(["--peer-port", &live.peer.to_string()])
+        .arg(format!(
+            "--backup-url=file://{}",
+            dir.path().join("store").display()
+        ))
+        .arg(format!("--etcd-bin={}", RELEASE.bin().display()))
+        .arg(format!(
+            "--etcdutl-bin={}",
+            RELEASE.offline_tool().display()
+        ))
+        .arg(format!("--backup-scratch-dir={}", scratch.display()))
+        .env("ETCD_STEWARD_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(line["passed"], true, "the snapshot restores: {line}");
+    assert_eq!(line["archive"]["passed"], false, "{line}");
+    assert_eq!(line["archive"]["hash_check"], "not_run", "{line}");
+    let said = line["archive"]["detail"].as_str().unwrap();
+    assert!(said.contains(&bad.name), "{said}");
+}
+
+#[tokio::test]
+async fn a_live_cluster_compacted_past_the_archive_skips_the_archive_hash_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, _, _, last) = written(dir.path(), &store, 4).await;
+    let mut c = live.client().await;
+    c.put("/after-the-archive", "1", None).await.unwrap();
+    c.put("/after-the-archive", "2", None).await.unwrap();
+    c.compact(last + 2, None).await.unwrap();
+    let (outcome, record, metrics) = drilled(&store, &m, &live, dir.path()).await;
+    let a = outcome.archive.clone().expect("the archive is drilled");
+    assert!(a.passed, "a skip is not a failure: {a:?}");
+    assert_eq!(a.last_revision, last, "every segment still replayed");
+    match &a.check {
+        ArchiveCheck::Skipped { reason } => {
+            assert!(
+                reason.contains(&format!("revision {last} is compacted away")),
+                "{reason}"
+            )
+        }
+        other => panic!("not skipped: {other:?}"),
+    }
+    let recorded = record.archive.expect("recorded in the manifest");
+    assert_eq!(
+        (recorded.passed, recorded.hash_check.as_str()),
+        (true, "skipped")
+    );
+    assert!(
+        recorded.detail.contains("compacted away"),
+        "{}",
+        recorded.detail
+    );
+    assert_eq!(metrics.drill_archive_failures, 0);
 }

@@ -104,6 +104,7 @@ fn ran(revision: i64, time: u64) -> RoundReport {
             size: Some(4096),
             verified_revision: Some(revision),
             drill_last_success: Some(time as f64 + 2.0),
+            drill_archive_last_revision: Some(revision + 3),
             ..BackupMetrics::default()
         },
     }
@@ -343,6 +344,8 @@ async fn the_backup_metrics_pass_promtool_with_every_series_set() -> TestResult 
         "etcd_steward_backup_verified_revision 7",
         "etcd_steward_backup_drill_last_success_timestamp_seconds 1700000002.0",
         "etcd_steward_backup_drill_failures_total 0",
+        "etcd_steward_backup_drill_archive_last_revision 10",
+        "etcd_steward_backup_drill_archive_failures_total 0",
     ] {
         assert!(text.lines().any(|l| l == series), "{series} in\n{text}");
     }

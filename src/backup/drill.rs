@@ -6,10 +6,18 @@
 //! revision before the jump is compacted away in the restored member, so no hash can be
 //! compared; the drill proves instead that the restored revision is the snapshot's plus the
 //! jump. The outcome is recorded in the snapshot's manifest.
+//!
+//! The archive drill ([`super::archive::drill`]) runs beside it: on the drilled snapshot
+//! when segments continue it (`backup --drill`), and on the snapshot before the newest
+//! once a newer one exists ([`drill_archive`]: the periodic drill's, since the newest is
+//! drilled as soon as it is taken, before anything continues it). Its outcome goes in the
+//! same manifest's drill record (`archive`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::archive::drill::ArchiveDrill;
+use super::archive::replay::ReplaySetup;
 use super::manifest::{self, DrillRecord, Manifest};
 use super::restore::{self, RestoreError};
 use super::scratch::Scratch;
@@ -76,6 +84,8 @@ pub struct DrillOutcome {
     pub detail: String,
     /// The stored bytes fail their checksum: the snapshot is now marked unverified.
     pub corrupt: bool,
+    /// The archive drill of the segments continuing the snapshot, when any do.
+    pub archive: Option<ArchiveDrill>,
 }
 
 impl DrillOutcome {
@@ -88,7 +98,13 @@ impl DrillOutcome {
             restored_revision: self.restored_revision,
             hash_check: self.hash.word().to_string(),
             detail: self.detail.clone(),
+            archive: self.archive.as_ref().map(|a| a.record(now)),
         }
+    }
+
+    /// Whether the snapshot and the archive continuing it (when drilled) both passed.
+    pub fn passed_all(&self) -> bool {
+        self.passed && self.archive.as_ref().is_none_or(|a| a.passed)
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -99,6 +115,7 @@ impl DrillOutcome {
             "total_keys": self.total_keys,
             "hash_check": self.hash.word(),
             "detail": self.detail,
+            "archive": self.archive.as_ref().map(ArchiveDrill::to_json),
         })
     }
 }
@@ -127,6 +144,20 @@ fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
         hash: HashCheck::NotRun { last_error: None },
         detail,
         corrupt: false,
+        archive: None,
+    }
+}
+
+impl DrillSetup {
+    /// The archive drill's replay: its own directory under the scratch space.
+    pub fn replay(&self) -> ReplaySetup {
+        ReplaySetup {
+            tool: self.tool.clone(),
+            etcd_bin: self.etcd_bin.clone(),
+            work_dir: self.scratch_dir.join("drill-archive"),
+            start_timeout: self.start_timeout,
+            auth: self.auth.clone(),
+        }
     }
 }
 
@@ -141,7 +172,21 @@ pub async fn drill<L: SnapshotSource>(
     live: &L,
     now: SystemTime,
 ) -> Result<DrillOutcome, StoreError> {
-    let outcome = run(store, m, setup, live).await?;
+    let mut outcome = run(store, m, setup, live).await?;
+    // The file downloaded and read back: the archive continuing it is drilled too (the
+    // restored copy set aside first: the scratch space holds one at a time).
+    let file = work_dir(&setup.scratch_dir).join("snapshot.db");
+    if outcome.restored_revision.is_some() && file.exists() {
+        let _ = std::fs::remove_dir_all(work_dir(&setup.scratch_dir).join("data"));
+        let all = super::archive::stored::list(store).await?;
+        let snapshots = super::catalog::list(store).await?;
+        let a =
+            super::archive::drill::drill(m, &file, &all, &snapshots, store, &setup.replay(), live)
+                .await?;
+        if a.check != super::archive::drill::ArchiveCheck::Nothing || !a.passed {
+            outcome.archive = Some(a);
+        }
+    }
     let mut updated = m.clone();
     updated.drill = Some(outcome.record(now));
     if outcome.corrupt {
@@ -275,7 +320,59 @@ async fn run<L: SnapshotSource>(
         hash,
         detail,
         corrupt: false,
+        archive: None,
     })
+}
+
+/// The periodic archive drill: the archive continuing snapshot `m` (which was drilled
+/// before: its record gets the archive part) replayed up to its last archived revision
+/// and compared with `live`; `snapshots` is every snapshot's manifest. Recorded in `m`'s
+/// manifest whatever the outcome, so each snapshot's archive is drilled once. An error
+/// only when the store cannot be read or written (try again later).
+pub async fn drill_archive<L: SnapshotSource>(
+    store: &Store,
+    m: &Manifest,
+    snapshots: &[Manifest],
+    setup: &DrillSetup,
+    live: &L,
+    now: SystemTime,
+) -> Result<ArchiveDrill, StoreError> {
+    let work = work_dir(&setup.scratch_dir);
+    let _ = std::fs::remove_dir_all(&work);
+    let file = work.join("snapshot.db");
+    let fetched = match std::fs::create_dir_all(&work) {
+        Ok(()) => restore::fetch_verified(store, m, &file).await,
+        Err(e) => Err(RestoreError::Io {
+            op: "create",
+            path: work.clone(),
+            source: e,
+        }),
+    };
+    let outcome = match fetched {
+        Ok(()) => {
+            let all = super::archive::stored::list(store).await?;
+            super::archive::drill::drill(m, &file, &all, snapshots, store, &setup.replay(), live)
+                .await?
+        }
+        Err(RestoreError::Store(e)) => return Err(e),
+        Err(e) => ArchiveDrill {
+            passed: false,
+            from_revision: m.revision,
+            last_revision: m.revision,
+            target_revision: m.revision,
+            segments: Vec::new(),
+            revisions: 0,
+            check: super::archive::drill::ArchiveCheck::NotRun,
+            detail: format!("the snapshot the archive continues does not download: {e}"),
+        },
+    };
+    let _ = std::fs::remove_dir_all(&work);
+    let mut updated = m.clone();
+    if let Some(d) = updated.drill.as_mut() {
+        d.archive = Some(outcome.record(now));
+    }
+    snapshot::write_manifest(store, &updated).await?;
+    Ok(outcome)
 }
 
 /// The throw-away etcd on `client_port`, once it answers `ask` (bounded by `start_timeout`).

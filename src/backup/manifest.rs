@@ -70,6 +70,27 @@ pub struct DrillRecord {
     pub hash_check: String,
     /// A sentence: what was checked, or what failed.
     pub detail: String,
+    /// The archive drill of the archive that continues this snapshot, when one ran
+    /// (absent in manifests written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveDrillRecord>,
+}
+
+/// An archive drill's outcome, as recorded in the manifest of the snapshot it continues.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveDrillRecord {
+    pub time: String,
+    pub time_unix: u64,
+    pub passed: bool,
+    /// The last revision the replay applied (the snapshot's when none was).
+    pub last_revision: i64,
+    /// Segments at least one revision was replayed from, and revisions replayed.
+    pub segments: u64,
+    pub revisions: u64,
+    /// `match`, `mismatch`, `skipped`, `not_run` or `none` (nothing archived continues it).
+    pub hash_check: String,
+    /// A sentence: what was proven, or what failed (the segment or revision).
+    pub detail: String,
 }
 
 impl Manifest {
@@ -139,6 +160,7 @@ pub fn list_line(m: &Manifest) -> serde_json::Value {
         "key": m.encryption.as_ref().map(|e| e.key.clone()),
         "compression": m.compression,
         "drill": m.drill.as_ref().map(|d| d.passed),
+        "archive_drill": m.drill.as_ref().and_then(|d| d.archive.as_ref()).map(|a| a.passed),
     })
 }
 

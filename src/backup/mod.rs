@@ -94,6 +94,8 @@ pub struct TickReport {
     pub taken: Option<Manifest>,
     pub pruned: Vec<String>,
     pub drilled: Option<drill::DrillOutcome>,
+    /// The archive drill of the snapshot before the newest, when one ran.
+    pub archive_drilled: Option<archive::drill::ArchiveDrill>,
     /// The snapshot attempt's failure, already counted in the metrics.
     pub take_error: Option<String>,
     /// The store's newest verified snapshot after this tick (whoever took it): what the
@@ -170,7 +172,8 @@ impl Backups {
 
     /// The sidecar's periodic step: when this member leads and a snapshot is due (by the
     /// store's newest one), take it from `source` (the local member) and apply retention;
-    /// then drill the newest verified snapshot if it has not been drilled. A follower makes
+    /// then drill the newest verified snapshot if it has not been drilled, and (archiving
+    /// on) the archive continuing the one before it if not drilled yet. A follower makes
     /// no call at all; a leader lists the store's manifests (one GET each) every call, so
     /// call it every 10–30 s, not every loop turn.
     /// Updates `metrics`; a failed snapshot is counted and retried at the next tick.
@@ -219,8 +222,30 @@ impl Backups {
                 Ok(outcome) => {
                     metrics.drilled(&outcome, now);
                     tracing::info!(snapshot = %outcome.snapshot, passed = outcome.passed,
-                        detail = %outcome.detail, "restore drill");
+                        detail = %outcome.detail,
+                        archive = ?outcome.archive.as_ref().map(|a| &a.detail), "restore drill");
                     report.drilled = Some(outcome);
+                }
+                Err(e) => {
+                    metrics.drill_failed();
+                    return Err(e);
+                }
+            }
+        }
+        let archiving = self.config.archive_interval.is_some();
+        if let Some(m) = schedule::should_drill_archive(is_leader, archiving, &manifests) {
+            match drill::drill_archive(&self.store, m, &manifests, &self.drill, source, now).await {
+                Ok(a) => {
+                    metrics.archive_drilled(&a, true);
+                    if a.passed {
+                        tracing::info!(snapshot = %m.name, last_revision = a.last_revision,
+                            hash_check = a.check.word(), detail = %a.detail, "archive drill");
+                    } else {
+                        tracing::warn!(snapshot = %m.name, last_revision = a.last_revision,
+                            hash_check = a.check.word(), detail = %a.detail,
+                            "archive drill failed; counted in etcd_steward_backup_drill_archive_failures_total");
+                    }
+                    report.archive_drilled = Some(a);
                 }
                 Err(e) => {
                     metrics.drill_failed();

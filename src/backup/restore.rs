@@ -239,12 +239,7 @@ const COMPLETE: &str = "out.complete";
 
 /// Creates `dir` and its parents as etcd wants its directories: owner only.
 pub fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io("create", dir))
+    super::scratch::create_private_dir(dir).map_err(io("create", dir))
 }
 
 fn sync_dir(dir: &Path) {

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::archive::drill::{ArchiveCheck, ArchiveDrill};
 use super::drill::DrillOutcome;
 use super::manifest::Manifest;
 
@@ -68,6 +69,26 @@ pub fn should_drill(is_leader: bool, manifests: &[Manifest]) -> Option<&Manifest
         .filter(|m| m.drill.is_none())
 }
 
+/// The snapshot whose archive to drill now, if any: with archiving on, the verified
+/// snapshot before the newest verified one, once drilled itself and not its archive yet.
+/// The newest is drilled as soon as it is taken, before anything continues it; once a
+/// newer one exists, the archive continuing the older reaches past it, to the last
+/// archived revision: each stretch of the archive is drilled once, one snapshot later.
+pub fn should_drill_archive(
+    is_leader: bool,
+    archiving: bool,
+    manifests: &[Manifest],
+) -> Option<&Manifest> {
+    if !is_leader || !archiving {
+        return None;
+    }
+    manifests
+        .iter()
+        .filter(|m| m.verified)
+        .nth(1)
+        .filter(|m| m.drill.as_ref().is_some_and(|d| d.archive.is_none()))
+}
+
 /// What the backup metrics export, updated after each attempt. Names (fixed):
 /// `etcd_steward_backup_last_success_timestamp_seconds` ← `last_success`,
 /// `etcd_steward_backup_last_revision` ← `last_revision`,
@@ -76,7 +97,10 @@ pub fn should_drill(is_leader: bool, manifests: &[Manifest]) -> Option<&Manifest
 /// `etcd_steward_backup_size_bytes` ← `size`,
 /// `etcd_steward_backup_verified_revision` ← `verified_revision`,
 /// `etcd_steward_backup_drill_last_success_timestamp_seconds` ← `drill_last_success`,
-/// `etcd_steward_backup_drill_failures_total` ← `drill_failures`.
+/// `etcd_steward_backup_drill_failures_total` ← `drill_failures` (a failed archive drill
+/// counts there too),
+/// `etcd_steward_backup_drill_archive_last_revision` ← `drill_archive_last_revision`,
+/// `etcd_steward_backup_drill_archive_failures_total` ← `drill_archive_failures`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackupMetrics {
     /// Unix seconds of the last verified snapshot this sidecar took.
@@ -90,6 +114,9 @@ pub struct BackupMetrics {
     pub verified_revision: Option<i64>,
     pub drill_last_success: Option<f64>,
     pub drill_failures: u64,
+    /// The last revision a passing archive drill replayed.
+    pub drill_archive_last_revision: Option<i64>,
+    pub drill_archive_failures: u64,
 }
 
 fn unix(t: SystemTime) -> f64 {
@@ -125,6 +152,26 @@ impl BackupMetrics {
             }
         } else {
             self.drill_failures += 1;
+        }
+        if let Some(a) = &outcome.archive {
+            // One drill, one failure: the snapshot's already counted.
+            self.archive_drilled(a, outcome.passed);
+        }
+    }
+
+    /// An archive drill ran: a failure counts in the archive drill counter, and in the
+    /// drill counter (whose alert covers it) when `count_drill` (the drill it belongs to
+    /// has not counted one already).
+    pub fn archive_drilled(&mut self, a: &ArchiveDrill, count_drill: bool) {
+        if a.passed {
+            if a.check != ArchiveCheck::Nothing {
+                self.drill_archive_last_revision = Some(a.last_revision);
+            }
+        } else {
+            self.drill_archive_failures += 1;
+            if count_drill {
+                self.drill_failures += 1;
+            }
         }
     }
 
@@ -220,6 +267,7 @@ mod tests {
                 restored_revision: Some(5),
                 hash_check: "match".into(),
                 detail: String::new(),
+                archive: None,
             }),
         }
     }
@@ -234,6 +282,38 @@ mod tests {
         assert_eq!(should_drill(false, &fresh), None);
         let done = [manifest("a", true, true)];
         assert_eq!(should_drill(true, &done), None);
+    }
+
+    #[test]
+    fn the_archive_of_the_snapshot_before_the_newest_is_drilled_once_with_archiving_on() {
+        let two = [manifest("new", true, true), manifest("old", true, true)];
+        let due = should_drill_archive(true, true, &two).map(|m| m.name.as_str());
+        assert_eq!(due, Some("old"));
+        assert_eq!(should_drill_archive(false, true, &two), None);
+        assert_eq!(should_drill_archive(true, false, &two), None);
+        let alone = [manifest("new", true, true), manifest("bad", false, true)];
+        assert_eq!(should_drill_archive(true, true, &alone), None);
+        let mut done = two.clone();
+        if let Some(d) = done[1].drill.as_mut() {
+            d.archive = Some(crate::backup::manifest::ArchiveDrillRecord {
+                time: String::new(),
+                time_unix: 0,
+                passed: true,
+                last_revision: 9,
+                segments: 1,
+                revisions: 4,
+                hash_check: "match".into(),
+                detail: String::new(),
+            });
+        }
+        assert_eq!(should_drill_archive(true, true, &done), None);
+    }
+
+    #[test]
+    fn a_manifest_written_before_the_archive_drill_still_reads() {
+        let old = r#"{"time":"t","time_unix":1,"passed":true,"hash_check":"match","detail":"d"}"#;
+        let d: crate::backup::manifest::DrillRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(d.archive, None);
     }
 
     #[test]

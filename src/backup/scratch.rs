@@ -93,3 +93,12 @@ pub async fn etcd_release(etcd_bin: &Path) -> Option<crate::facts::EtcdVersion> 
         .ok()?;
     crate::facts::EtcdVersion::parse(&String::from_utf8_lossy(&out.stdout))
 }
+
+/// Creates `dir` and its parents as etcd wants its directories: owner only.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}

@@ -253,6 +253,8 @@ pub struct BackupExport {
     verified_revision: OptionalGauge,
     drill_last_success: OptionalSeconds,
     drill_failures: Counter,
+    drill_archive_last_revision: OptionalGauge,
+    drill_archive_failures: Counter,
 }
 
 impl BackupExport {
@@ -299,6 +301,16 @@ impl BackupExport {
             "Restore drills of this sidecar that failed or could not run",
             m.drill_failures.clone(),
         );
+        registry.register(
+            "etcd_steward_backup_drill_archive_last_revision",
+            "The last revision a passing archive drill of this sidecar replayed (the archive continuing a snapshot, its HashKV compared with the live cluster's)",
+            m.drill_archive_last_revision.clone(),
+        );
+        registry.register(
+            "etcd_steward_backup_drill_archive_failures",
+            "Archive drills of this sidecar that failed (a mismatch, a hole, a segment failing its checks; also counted in etcd_steward_backup_drill_failures_total)",
+            m.drill_archive_failures.clone(),
+        );
         m
     }
 
@@ -307,6 +319,10 @@ impl BackupExport {
         let d = &report.metrics;
         self.failures.inc_by(d.failures);
         self.drill_failures.inc_by(d.drill_failures);
+        self.drill_archive_failures.inc_by(d.drill_archive_failures);
+        if let Some(v) = d.drill_archive_last_revision {
+            self.drill_archive_last_revision.set(u64::try_from(v).ok());
+        }
         if let Some(v) = d.duration {
             self.duration.set(v);
         }

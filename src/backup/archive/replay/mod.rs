@@ -31,7 +31,7 @@ use super::stored;
 use super::{chain, SegmentManifest};
 use crate::backup::manifest::Manifest;
 use crate::backup::scratch::{self, Scratch};
-use crate::backup::snapshot::StreamCheck;
+use crate::backup::snapshot::{KvHash, StreamCheck};
 use crate::backup::store::{Store, StoreError};
 use crate::backup::tool::{EtcdTool, ToolError};
 
@@ -130,11 +130,74 @@ pub async fn replay(
     setup: &ReplaySetup,
     out: &Path,
 ) -> Result<Replayed, ReplayError> {
+    let finish = Finish::SnapshotTo(out);
+    let (done, _) = replay_then(
+        store,
+        snapshot,
+        snapshot_name,
+        segments,
+        target,
+        setup,
+        finish,
+    )
+    .await?;
+    Ok(done)
+}
+
+/// What becomes of the scratch etcd once the revisions are applied.
+#[derive(Debug, Clone, Copy)]
+enum Finish<'a> {
+    /// Its snapshot, into this file (what a restore uses).
+    SnapshotTo(&'a Path),
+    /// Its `HashKV` at `revision`, after compacting it to `compact` when that is above its
+    /// own compacted revision (what the archive drill compares with the live cluster's).
+    HashAt { revision: i64, compact: Option<i64> },
+}
+
+/// Replays `segments` onto `snapshot` up to revision `at` (as [`replay`] does, without the
+/// revision jump) and, when the scratch etcd reached `at`, returns its `HashKV` there; first
+/// compacted to `compact` (the live cluster's compacted revision) when that is above the
+/// snapshot's own, so the two hashes cover the same revisions. No file is written:
+/// [`Replayed::file`] is empty. The archive drill's replay.
+pub async fn replay_and_hash(
+    store: &Store,
+    snapshot: &Path,
+    snapshot_name: &str,
+    segments: &[SegmentManifest],
+    at: i64,
+    compact: Option<i64>,
+    setup: &ReplaySetup,
+) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
+    let finish = Finish::HashAt {
+        revision: at,
+        compact,
+    };
+    replay_then(
+        store,
+        snapshot,
+        snapshot_name,
+        segments,
+        Target::Revision(at),
+        setup,
+        finish,
+    )
+    .await
+}
+
+async fn replay_then(
+    store: &Store,
+    snapshot: &Path,
+    snapshot_name: &str,
+    segments: &[SegmentManifest],
+    target: Target,
+    setup: &ReplaySetup,
+    finish: Finish<'_>,
+) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
     let work = &setup.work_dir;
     if work.exists() {
         std::fs::remove_dir_all(work).map_err(io("remove", work))?;
     }
-    crate::backup::restore::create_private_dir(work).map_err(scratch_err)?;
+    scratch::create_private_dir(work).map_err(io("create", work))?;
     let data = work.join("data");
     let scratch = Scratch::new("replay", &format!("replay-{snapshot_name}"))
         .map_err(|e| scratch_err(format!("no free port: {e}")))?;
@@ -166,7 +229,16 @@ pub async fn replay(
     let mut etcd = scratch
         .spawn(&setup.etcd_bin, &data, &flags, Some(&log))
         .map_err(|e| scratch_err(format!("cannot start {:?}: {e}", setup.etcd_bin)))?;
-    let result = run(store, &scratch, snapshot_name, segments, target, setup, out).await;
+    let result = run(
+        store,
+        &scratch,
+        snapshot_name,
+        segments,
+        target,
+        setup,
+        finish,
+    )
+    .await;
     let _ = etcd.kill().await;
     let _ = etcd.wait().await;
     match &result {
@@ -254,8 +326,8 @@ async fn run(
     segments: &[SegmentManifest],
     target: Target,
     setup: &ReplaySetup,
-    out: &Path,
-) -> Result<Replayed, ReplayError> {
+    finish: Finish<'_>,
+) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
     let (client, snapshot_revision) =
         connect(scratch, setup.start_timeout, setup.auth.as_ref()).await?;
     let mut applier = Applier {
@@ -265,7 +337,10 @@ async fn run(
         guard: None,
     };
     let mut done = Replayed {
-        file: out.to_path_buf(),
+        file: match finish {
+            Finish::SnapshotTo(out) => out.to_path_buf(),
+            Finish::HashAt { .. } => PathBuf::new(),
+        },
         snapshot: snapshot_name.to_string(),
         snapshot_revision,
         segments: Vec::new(),
@@ -320,8 +395,54 @@ async fn run(
         }
     }
     drop(applier);
-    snapshot_to(&client, out).await?;
-    Ok(done)
+    match finish {
+        Finish::SnapshotTo(out) => {
+            snapshot_to(&client, out).await?;
+            Ok((done, None))
+        }
+        Finish::HashAt { revision, compact } if done.last_revision >= revision => {
+            let hash = hash_at(&client, revision, compact).await;
+            Ok((done, Some(hash)))
+        }
+        Finish::HashAt { .. } => Ok((done, None)),
+    }
+}
+
+/// The scratch etcd's `HashKV` at `revision`, compacted first to `compact` when that is
+/// above its own compacted revision (physically: the hash then sees what the live
+/// cluster's sees).
+async fn hash_at(client: &Client, revision: i64, compact: Option<i64>) -> Result<KvHash, String> {
+    let ask = || async {
+        let mut m = client.maintenance_client();
+        match tokio::time::timeout(CALL_TIMEOUT, m.hash_kv(revision)).await {
+            Ok(Ok(r)) => Ok(KvHash {
+                hash: r.hash(),
+                compact_revision: r.compact_version(),
+            }),
+            Ok(Err(e)) => Err(format!("HashKV at revision {revision}: {e}")),
+            Err(_) => Err(format!(
+                "HashKV at revision {revision}: no answer within {CALL_TIMEOUT:?}"
+            )),
+        }
+    };
+    let first = ask().await?;
+    match compact {
+        Some(c) if c > first.compact_revision && c <= revision => {
+            let options = etcd_client::CompactionOptions::new().with_physical();
+            let mut kv = client.kv_client();
+            match tokio::time::timeout(CALL_TIMEOUT, kv.compact(c, Some(options))).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("compacting to revision {c}: {e}")),
+                Err(_) => {
+                    return Err(format!(
+                        "compacting to revision {c}: no answer within {CALL_TIMEOUT:?}"
+                    ))
+                }
+            }
+            ask().await
+        }
+        _ => Ok(first),
+    }
 }
 
 /// Transactions in flight at once. Each one after the first carries a guard (its

@@ -1,0 +1,513 @@
+//! The archive drill: proves the archive that continues a snapshot replays. The chain of
+//! segments after the snapshot ([`super::chain`]) is replayed onto it in a throw-away etcd
+//! (without the revision jump, [`super::replay::replay_and_hash`]) up to its last archived
+//! revision R, and the scratch etcd's `HashKV` at R is compared with the live cluster's,
+//! the scratch first compacted to the live cluster's compacted revision (a `HashKV` covers
+//! the revisions above it). The live cluster is asked first: when it has compacted R away,
+//! the replay still proves every segment reads and applies, and the hash is skipped, with
+//! the reason. What the answers mean is decided by [`judge`] (pure).
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use super::chain::{self, Chain};
+use super::replay::{self, EarlyStop, ReplayError, ReplaySetup, Replayed};
+use super::SegmentManifest;
+use crate::backup::manifest::{self, ArchiveDrillRecord, Manifest};
+use crate::backup::snapshot::{KvHash, SnapshotSource, SourceError};
+use crate::backup::store::StoreError;
+
+/// How the replayed archive's hash compared with the live cluster's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArchiveCheck {
+    /// No segment continues the snapshot: nothing to replay.
+    Nothing,
+    Match {
+        revision: i64,
+        hash: u32,
+    },
+    Mismatch {
+        revision: i64,
+        replayed: u32,
+        live: u32,
+    },
+    /// Not compared, and why (the live cluster compacted the revision away, …).
+    Skipped {
+        reason: String,
+    },
+    /// The replay did not reach the archive's last revision (a bad segment, a hole, a
+    /// revision that came out as another): said in the outcome's detail.
+    NotRun,
+}
+
+impl ArchiveCheck {
+    pub fn word(&self) -> &'static str {
+        match self {
+            ArchiveCheck::Nothing => "none",
+            ArchiveCheck::Match { .. } => "match",
+            ArchiveCheck::Mismatch { .. } => "mismatch",
+            ArchiveCheck::Skipped { .. } => "skipped",
+            ArchiveCheck::NotRun => "not_run",
+        }
+    }
+}
+
+/// One archive drill's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveDrill {
+    pub passed: bool,
+    /// The snapshot's revision, and the last revision the replay applied.
+    pub from_revision: i64,
+    pub last_revision: i64,
+    /// The archive's last revision (where the hash is compared).
+    pub target_revision: i64,
+    /// Segments a revision was replayed from, and revisions replayed.
+    pub segments: Vec<String>,
+    pub revisions: u64,
+    pub check: ArchiveCheck,
+    /// A sentence: what was proven, or what failed (the segment, the revision).
+    pub detail: String,
+}
+
+impl ArchiveDrill {
+    pub fn record(&self, now: SystemTime) -> ArchiveDrillRecord {
+        let (time, time_unix) = manifest::timestamps(now);
+        ArchiveDrillRecord {
+            time,
+            time_unix,
+            passed: self.passed,
+            last_revision: self.last_revision,
+            segments: self.segments.len() as u64,
+            revisions: self.revisions,
+            hash_check: self.check.word().to_string(),
+            detail: self.detail.clone(),
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "passed": self.passed,
+            "from_revision": self.from_revision,
+            "last_revision": self.last_revision,
+            "target_revision": self.target_revision,
+            "segments": self.segments.len(),
+            "revisions": self.revisions,
+            "hash_check": self.check.word(),
+            "detail": self.detail,
+        })
+    }
+}
+
+/// What the archive drill learned, for [`judge`].
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    /// The chain continuing the snapshot (its last revision is R).
+    pub chain: &'a Chain,
+    /// Whether a later verified snapshot is beyond the chain's end: a hole after it is a
+    /// break the archive resumed from (counted in `etcd_steward_archive_breaks_total`),
+    /// not a failure of this archive.
+    pub resumed_after_hole: bool,
+    /// The live cluster's `HashKV` at R (asked before the replay).
+    pub live: &'a Result<KvHash, SourceError>,
+    /// The replay (an error other than the store's: the scratch etcd, a transaction);
+    /// `None` when no segment continues the snapshot.
+    pub replay: Option<Result<&'a Replayed, &'a ReplayError>>,
+    /// The scratch etcd's `HashKV` at R, when it reached R.
+    pub scratch: Option<&'a Result<KvHash, String>>,
+}
+
+/// What the answers mean (pure): a mismatch, a hole, a segment that fails its checks or a
+/// replay that does not reach R fails the drill, naming the segment or the revision; a
+/// live cluster that compacted R away, or whose hash is unavailable, skips the comparison.
+pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
+    let r = f.chain.last_revision;
+    let mut out = ArchiveDrill {
+        passed: false,
+        from_revision: f.chain.from_revision,
+        last_revision: f.chain.from_revision,
+        target_revision: r,
+        segments: Vec::new(),
+        revisions: 0,
+        check: ArchiveCheck::NotRun,
+        detail: String::new(),
+    };
+    let hole = f
+        .chain
+        .broken
+        .as_ref()
+        .map(|why| (why, f.resumed_after_hole));
+    let replayed = match f.replay {
+        None => {
+            out.check = ArchiveCheck::Nothing;
+            out.passed = !matches!(hole, Some((_, false)));
+            out.detail = match hole {
+                None => format!(
+                    "no archived revision continues the snapshot (revision {})",
+                    f.chain.from_revision
+                ),
+                Some((why, true)) => format!("no archived revision continues the snapshot; a break the archive resumed from a later snapshot: {why}"),
+                Some((why, false)) => format!("the archive has a hole right after the snapshot: {why}"),
+            };
+            return out;
+        }
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            out.detail = format!("the archive replay failed: {e}");
+            return out;
+        }
+    };
+    out.last_revision = replayed.last_revision;
+    out.segments = replayed.segments.clone();
+    out.revisions = replayed.revisions;
+    if let Some(stop) = &replayed.stopped {
+        out.detail = match stop {
+            EarlyStop::BadSegment { name, .. } => format!(
+                "{stop}; replayed {} revisions up to revision {} of the archive's {r} (bad segment {name})",
+                replayed.revisions, replayed.last_revision
+            ),
+            _ => format!(
+                "{stop}; replayed {} revisions up to revision {} of the archive's {r}",
+                replayed.revisions, replayed.last_revision
+            ),
+        };
+        return out;
+    }
+    let (check, compared) = match (f.live, f.scratch) {
+        (Err(SourceError::Compacted { .. }), _) => (
+            ArchiveCheck::Skipped {
+                reason: format!(
+                    "revision {r} is compacted away on the live cluster (it compacted past the archive's end)"
+                ),
+            },
+            true,
+        ),
+        (Err(e), _) => (
+            ArchiveCheck::Skipped {
+                reason: format!("the live cluster's HashKV is unavailable: {e}"),
+            },
+            true,
+        ),
+        (Ok(_), None) => (ArchiveCheck::NotRun, false),
+        (Ok(_), Some(Err(e))) => {
+            out.detail = format!("the replay reached revision {r}, but the throw-away etcd: {e}");
+            return out;
+        }
+        (Ok(live), Some(Ok(s))) if live.compact_revision != s.compact_revision => (
+            ArchiveCheck::Skipped {
+                reason: format!(
+                    "the live cluster is compacted to revision {}, the replayed archive to {}",
+                    live.compact_revision, s.compact_revision
+                ),
+            },
+            true,
+        ),
+        (Ok(live), Some(Ok(s))) if live.hash == s.hash => (
+            ArchiveCheck::Match {
+                revision: r,
+                hash: s.hash,
+            },
+            true,
+        ),
+        (Ok(live), Some(Ok(s))) => (
+            ArchiveCheck::Mismatch {
+                revision: r,
+                replayed: s.hash,
+                live: live.hash,
+            },
+            false,
+        ),
+    };
+    let span = match (replayed.segments.first(), replayed.segments.last()) {
+        (Some(a), Some(b)) if a != b => format!("segments {a} to {b}"),
+        (Some(a), _) => format!("segment {a}"),
+        _ => "no segment".to_string(),
+    };
+    let said = match &check {
+        ArchiveCheck::Match { hash, .. } => format!(
+            "replayed {} revisions ({}) from revision {} to {r}; HashKV {hash:#x} at {r} matches the live cluster's",
+            replayed.revisions, span, f.chain.from_revision
+        ),
+        ArchiveCheck::Mismatch { replayed: h, live, .. } => format!(
+            "HashKV at revision {r} after replaying {} revisions ({}): replayed {h:#x}, live {live:#x}",
+            replayed.revisions, span
+        ),
+        ArchiveCheck::Skipped { reason } => format!(
+            "replayed {} revisions ({}) from revision {} to {r}; hash not compared: {reason}",
+            replayed.revisions, span, f.chain.from_revision
+        ),
+        ArchiveCheck::NotRun | ArchiveCheck::Nothing => format!(
+            "the replay stopped at revision {} before the archive's last, {r}",
+            replayed.last_revision
+        ),
+    };
+    out.check = check;
+    out.passed = compared;
+    out.detail = said;
+    if let Some((why, resumed)) = hole {
+        if resumed {
+            out.detail.push_str(&format!(
+                "; then a break the archive resumed from a later snapshot: {why}"
+            ));
+        } else {
+            out.passed = false;
+            out.detail
+                .push_str(&format!("; the archive has a hole: {why}"));
+        }
+    }
+    out
+}
+
+/// Drills the archive continuing snapshot `m`, whose verified file is `snapshot` (already
+/// downloaded), given every segment manifest in the store (`all`) and every snapshot's
+/// (`snapshots`, for a break the archive resumed from). An error only when the store
+/// cannot be read (try again later).
+pub async fn drill<L: SnapshotSource>(
+    m: &Manifest,
+    snapshot: &Path,
+    all: &[SegmentManifest],
+    snapshots: &[Manifest],
+    store: &crate::backup::store::Store,
+    setup: &ReplaySetup,
+    live: &L,
+) -> Result<ArchiveDrill, StoreError> {
+    let c = chain::chain(m.revision, &m.cluster_id, all);
+    let resumed_after_hole = snapshots
+        .iter()
+        .any(|s| s.verified && s.cluster_id == m.cluster_id && s.revision > c.last_revision);
+    if c.segments.is_empty() {
+        return Ok(judge(&Facts {
+            chain: &c,
+            resumed_after_hole,
+            live: &Err(SourceError::Other {
+                endpoint: String::new(),
+                detail: "not asked: nothing to compare".into(),
+            }),
+            replay: None,
+            scratch: None,
+        }));
+    }
+    // Asked first: its compacted revision is where the scratch etcd is compacted to.
+    let live_hash = live.hash_kv(c.last_revision).await;
+    let compact = live_hash.as_ref().ok().map(|h| h.compact_revision);
+    let replayed = replay::replay_and_hash(
+        store,
+        snapshot,
+        &m.name,
+        &c.segments,
+        c.last_revision,
+        compact,
+        setup,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&setup.work_dir);
+    let replayed = match replayed {
+        Err(ReplayError::Store(e)) => return Err(e),
+        other => other,
+    };
+    let (replay, scratch) = match &replayed {
+        Ok((r, s)) => (Ok(r), s.as_ref()),
+        Err(e) => (Err(e), None),
+    };
+    Ok(judge(&Facts {
+        chain: &c,
+        resumed_after_hole,
+        live: &live_hash,
+        replay: Some(replay),
+        scratch,
+    }))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::super::chain::tests::seg;
+    use super::*;
+
+    /// The chain of segments `spans` after a snapshot at 10, cluster `a`.
+    fn chain_of(spans: &[(i64, i64)]) -> Chain {
+        let all: Vec<_> = spans.iter().map(|(f, l)| seg("a", *f, *l)).collect();
+        chain::chain(10, "a", &all)
+    }
+
+    fn replayed(c: &Chain, last: i64, stopped: Option<EarlyStop>) -> Replayed {
+        Replayed {
+            file: PathBuf::new(),
+            snapshot: "s".into(),
+            snapshot_revision: 10,
+            segments: c.segments.iter().map(|m| m.name.clone()).collect(),
+            revisions: u64::try_from(last - 10).unwrap(),
+            last_revision: last,
+            last_time_unix_ms: None,
+            stopped,
+            applying: Duration::ZERO,
+            resent: 0,
+        }
+    }
+
+    fn hash(hash: u32, compact_revision: i64) -> KvHash {
+        KvHash {
+            hash,
+            compact_revision,
+        }
+    }
+
+    fn judged(
+        c: &Chain,
+        live: Result<KvHash, SourceError>,
+        r: &Replayed,
+        scratch: Option<Result<KvHash, String>>,
+    ) -> ArchiveDrill {
+        judge(&Facts {
+            chain: c,
+            resumed_after_hole: false,
+            live: &live,
+            replay: Some(Ok(r)),
+            scratch: scratch.as_ref(),
+        })
+    }
+
+    #[test]
+    fn an_archive_replayed_to_the_live_hash_at_its_last_revision_passes() {
+        let c = chain_of(&[(11, 20), (21, 30)]);
+        let r = replayed(&c, 30, None);
+        let d = judged(&c, Ok(hash(7, 0)), &r, Some(Ok(hash(7, 0))));
+        assert!(d.passed, "{d:?}");
+        assert_eq!(
+            d.check,
+            ArchiveCheck::Match {
+                revision: 30,
+                hash: 7
+            }
+        );
+        assert_eq!(
+            (d.last_revision, d.revisions, d.segments.len()),
+            (30, 20, 2)
+        );
+        assert!(
+            d.detail.contains("matches the live cluster's"),
+            "{}",
+            d.detail
+        );
+    }
+
+    #[test]
+    fn a_different_hash_fails_naming_the_revision_and_segments() {
+        let c = chain_of(&[(11, 30)]);
+        let r = replayed(&c, 30, None);
+        let d = judged(&c, Ok(hash(7, 5)), &r, Some(Ok(hash(8, 5))));
+        assert!(!d.passed);
+        assert_eq!(d.check.word(), "mismatch");
+        assert!(d.detail.contains("HashKV at revision 30"), "{}", d.detail);
+        assert!(d.detail.contains(&c.segments[0].name), "{}", d.detail);
+    }
+
+    #[test]
+    fn a_live_cluster_compacted_past_the_archives_end_skips_the_hash_and_passes() {
+        let c = chain_of(&[(11, 30)]);
+        let r = replayed(&c, 30, None);
+        let compacted = Err(SourceError::Compacted {
+            endpoint: "e".into(),
+            revision: 30,
+        });
+        let d = judged(&c, compacted, &r, None);
+        assert!(d.passed, "{d:?}");
+        assert_eq!(d.check.word(), "skipped");
+        assert!(
+            d.detail.contains("compacted away on the live cluster"),
+            "{}",
+            d.detail
+        );
+    }
+
+    #[test]
+    fn hashes_from_different_compacted_revisions_are_not_compared() {
+        let c = chain_of(&[(11, 30)]);
+        let r = replayed(&c, 30, None);
+        let d = judged(&c, Ok(hash(7, 25)), &r, Some(Ok(hash(8, 12))));
+        assert!(d.passed);
+        assert_eq!(d.check.word(), "skipped");
+    }
+
+    #[test]
+    fn a_segment_failing_its_checksum_fails_the_drill_naming_it() {
+        let c = chain_of(&[(11, 20), (21, 30)]);
+        let bad = c.segments[1].name.clone();
+        let r = replayed(
+            &c,
+            20,
+            Some(EarlyStop::BadSegment {
+                name: bad.clone(),
+                error: "fails its checksum".into(),
+            }),
+        );
+        let d = judged(&c, Ok(hash(7, 0)), &r, None);
+        assert!(!d.passed);
+        assert_eq!(d.check, ArchiveCheck::NotRun);
+        assert_eq!(d.last_revision, 20);
+        assert!(d.detail.contains(&bad), "{}", d.detail);
+    }
+
+    #[test]
+    fn a_hole_fails_the_drill_unless_a_later_snapshot_restarted_the_archive() {
+        let c = chain_of(&[(11, 20), (25, 30)]);
+        let r = replayed(&c, 20, None);
+        let d = judged(&c, Ok(hash(7, 0)), &r, Some(Ok(hash(7, 0))));
+        assert!(!d.passed);
+        assert_eq!(
+            d.check.word(),
+            "match",
+            "the continuous part still compares"
+        );
+        assert!(d.detail.contains("revisions 21..24"), "{}", d.detail);
+        let live = Ok(hash(7, 0));
+        let scratch = Ok(hash(7, 0));
+        let resumed = judge(&Facts {
+            chain: &c,
+            resumed_after_hole: true,
+            live: &live,
+            replay: Some(Ok(&r)),
+            scratch: Some(&scratch),
+        });
+        assert!(resumed.passed, "{resumed:?}");
+    }
+
+    #[test]
+    fn nothing_after_the_snapshot_is_nothing_to_drill() {
+        let c = chain_of(&[]);
+        let live = Err(SourceError::Other {
+            endpoint: String::new(),
+            detail: "not asked".into(),
+        });
+        let d = judge(&Facts {
+            chain: &c,
+            resumed_after_hole: false,
+            live: &live,
+            replay: None,
+            scratch: None,
+        });
+        assert!(d.passed);
+        assert_eq!(d.check.word(), "none");
+    }
+
+    #[test]
+    fn a_replay_that_fails_fails_the_drill_with_its_error() {
+        let c = chain_of(&[(11, 30)]);
+        let e = ReplayError::Apply {
+            revision: 17,
+            detail: "no answer".into(),
+        };
+        let live = Ok(hash(7, 0));
+        let d = judge(&Facts {
+            chain: &c,
+            resumed_after_hole: false,
+            live: &live,
+            replay: Some(Err(&e)),
+            scratch: None,
+        });
+        assert!(!d.passed);
+        assert!(d.detail.contains("revision 17"), "{}", d.detail);
+    }
+}
