@@ -753,7 +753,7 @@ async fn the_list_shows_how_far_each_snapshot_restores_through_the_archive() {
             .collect(),
         leases: Default::default(),
     };
-    stored::put(&store, cluster, &segment).await.unwrap();
+    stored::put(&store, cluster, segment).await.unwrap();
     let out = steward(&live, &url, &["--list"], &[]);
     assert!(
         out.status.success(),

@@ -30,6 +30,7 @@ pub mod fake_kube;
 pub mod logs;
 pub mod loopback;
 pub mod moto;
+pub mod paced;
 pub mod pki;
 pub mod procs;
 mod rng;

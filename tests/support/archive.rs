@@ -106,7 +106,7 @@ pub async fn put_segments(
                 .map(|(id, ttl)| (*id, *ttl))
                 .collect(),
         };
-        out.push(stored::put(store, cluster_id, &segment).await.unwrap());
+        out.push(stored::put(store, cluster_id, segment).await.unwrap());
     }
     out
 }

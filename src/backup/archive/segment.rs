@@ -81,9 +81,25 @@ impl Segment {
         self.revisions.iter().map(|r| r.ops.len()).sum()
     }
 
-    /// The plain (uncompressed) encoding.
+    /// The length of [`Segment::encode`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        let ops: usize = self
+            .revisions
+            .iter()
+            .flat_map(|r| &r.ops)
+            .map(|op| match op {
+                Op::Put { key, value, .. } => 1 + 4 + key.len() + 4 + value.len() + 8,
+                Op::Delete { key } => 1 + 4 + key.len(),
+            })
+            .sum();
+        MAGIC.len() + 4 + self.leases.len() * 16 + 4 + self.revisions.len() * 20 + ops
+    }
+
+    /// The plain (uncompressed) encoding, in one allocation of exactly its length (a
+    /// segment is up to the 4 MiB cap: a buffer grown by doubling would hold up to twice
+    /// that, and the old and new buffers both while it grows).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.events() * 64);
+        let mut out = Vec::with_capacity(self.encoded_len());
         out.extend_from_slice(MAGIC);
         put_u32(&mut out, self.leases.len());
         for (id, ttl) in &self.leases {
@@ -282,6 +298,18 @@ mod tests {
             ],
             leases: BTreeMap::from([(0x694d_7a5b_1c2d, 15)]),
         }
+    }
+
+    #[test]
+    fn the_encoding_is_exactly_as_long_as_announced() {
+        let s = sample();
+        let bytes = s.encode();
+        assert_eq!(bytes.len(), s.encoded_len());
+        assert_eq!(bytes.capacity(), s.encoded_len());
+        assert_eq!(
+            Segment::default().encode().len(),
+            Segment::default().encoded_len()
+        );
     }
 
     #[test]

@@ -54,11 +54,13 @@ impl SegmentError {
 }
 
 /// Stores `segment` of cluster `cluster_id`: the object first, its manifest last (a
-/// segment without a manifest is an incomplete upload, never read).
+/// segment without a manifest is an incomplete upload, never read). The segment is
+/// dropped once encoded, so its events, its encoding and the compressed object are never
+/// all in memory at once (a segment is up to the 4 MiB cap).
 pub async fn put(
     store: &Store,
     cluster_id: u64,
-    segment: &Segment,
+    segment: Segment,
 ) -> Result<SegmentManifest, SegmentError> {
     let (Some(first), Some(last)) = (segment.revisions.first(), segment.revisions.last()) else {
         return Err(SegmentError::Empty {
@@ -66,7 +68,17 @@ pub async fn put(
         });
     };
     let name = segment_name(first.revision, last.revision);
+    let (first, last) = (
+        (first.revision, first.time_unix_ms),
+        (last.revision, last.time_unix_ms),
+    );
+    let (revisions, events, leases) = (
+        segment.revisions.len() as u64,
+        segment.events() as u64,
+        segment.leases.len() as u64,
+    );
     let plain = segment.encode();
+    drop(segment);
     let plain_size = plain.len() as u64;
     let compressed =
         zstd::bulk::compress(&plain, ZSTD_LEVEL).map_err(|e| SegmentError::Encrypt {
@@ -89,18 +101,18 @@ pub async fn put(
     };
     let m = SegmentManifest {
         cluster_id: format!("{cluster_id:x}"),
-        first_revision: first.revision,
-        last_revision: last.revision,
-        revisions: segment.revisions.len() as u64,
-        events: segment.events() as u64,
-        leases: segment.leases.len() as u64,
+        first_revision: first.0,
+        last_revision: last.0,
+        revisions,
+        events,
+        leases,
         size: stored.len() as u64,
         sha256: hex(&Sha256::digest(&stored)),
         plain_size,
-        first_time: rfc3339_ms(first.time_unix_ms),
-        first_time_unix_ms: first.time_unix_ms,
-        last_time: rfc3339_ms(last.time_unix_ms),
-        last_time_unix_ms: last.time_unix_ms,
+        first_time: rfc3339_ms(first.1),
+        first_time_unix_ms: first.1,
+        last_time: rfc3339_ms(last.1),
+        last_time_unix_ms: last.1,
         compression: "zstd".into(),
         encryption,
         name,
@@ -280,7 +292,7 @@ mod tests {
     async fn a_stored_segment_lists_and_reads_back_verified() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let m = put(&s, 0xabc, &segment(5, 9)).await.unwrap();
+        let m = put(&s, 0xabc, segment(5, 9)).await.unwrap();
         assert_eq!((m.first_revision, m.last_revision, m.revisions), (5, 9, 5));
         assert_eq!(m.cluster_id, "abc");
         assert_eq!(list(&s).await.unwrap(), vec![m.clone()]);
@@ -291,7 +303,7 @@ mod tests {
     async fn a_changed_byte_fails_the_checksum_and_is_a_bad_segment() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let m = put(&s, 1, &segment(1, 3)).await.unwrap();
+        let m = put(&s, 1, segment(1, 3)).await.unwrap();
         let path = dir.path().join(m.seg_object());
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[10] ^= 1;
@@ -310,7 +322,7 @@ mod tests {
             read: vec![],
         };
         let s = store(dir.path()).with_keys(keys);
-        let m = put(&s, 1, &segment(1, 3)).await.unwrap();
+        let m = put(&s, 1, segment(1, 3)).await.unwrap();
         assert_eq!(
             m.encryption.as_ref().map(|e| e.key.as_str()),
             Some(key.fingerprint())
@@ -341,9 +353,9 @@ mod tests {
     async fn retention_removes_only_segments_wholly_before_the_oldest_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        put(&s, 1, &segment(1, 10)).await.unwrap();
-        put(&s, 1, &segment(11, 20)).await.unwrap();
-        put(&s, 1, &segment(21, 30)).await.unwrap();
+        put(&s, 1, segment(1, 10)).await.unwrap();
+        put(&s, 1, segment(11, 20)).await.unwrap();
+        put(&s, 1, segment(21, 30)).await.unwrap();
         let deleted = prune_before(&s, 15).await.unwrap();
         assert_eq!(deleted.len(), 2, "{deleted:?}");
         let left: Vec<i64> = list(&s)
@@ -359,9 +371,9 @@ mod tests {
     async fn retention_by_name_also_removes_an_object_whose_manifest_never_came() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let orphan = put(&s, 1, &segment(1, 10)).await.unwrap();
+        let orphan = put(&s, 1, segment(1, 10)).await.unwrap();
         s.delete(&orphan.json_object()).await.unwrap();
-        put(&s, 1, &segment(11, 20)).await.unwrap();
+        put(&s, 1, segment(11, 20)).await.unwrap();
         let deleted = prune_before(&s, 11).await.unwrap();
         assert_eq!(deleted, vec![orphan.seg_object()]);
         let names: Vec<String> = s
@@ -379,7 +391,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
         for (a, b) in [(1, 10), (11, 20), (21, 30)] {
-            put(&s, 1, &segment(a, b)).await.unwrap();
+            put(&s, 1, segment(a, b)).await.unwrap();
         }
         let firsts =
             |ms: Vec<SegmentManifest>| ms.iter().map(|m| m.first_revision).collect::<Vec<_>>();

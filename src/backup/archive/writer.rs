@@ -209,12 +209,14 @@ impl Archiver {
             return Ok(());
         };
         let (last_revision, last_time_unix_ms) = (last.revision, last.time_unix_ms);
-        let m = stored::put(&self.backups.store, cluster_id, pending)
+        // Taken: a failed put ends the round, and the next one watches again from the reach.
+        let segment = std::mem::take(pending);
+        let leases: Vec<i64> = segment.leases.keys().copied().collect();
+        let m = stored::put(&self.backups.store, cluster_id, segment)
             .await
             .map_err(|e| e.to_string())?;
         tracing::debug!(segment = %m.name, events = m.events, size = m.size, "archive segment stored");
-        self.leases.extend(pending.leases.keys().copied());
-        *pending = Segment::default();
+        self.leases.extend(leases);
         report.segments += 1;
         self.reach = Some(Reach {
             cluster_id,
