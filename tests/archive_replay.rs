@@ -57,6 +57,10 @@ impl Drop for Etcd {
 
 impl Etcd {
     async fn start(name: &str, data: &Path, peer: u16) -> Etcd {
+        Etcd::start_with(name, data, peer, &[]).await
+    }
+
+    async fn start_with(name: &str, data: &Path, peer: u16, extra: &[&str]) -> Etcd {
         let client = free_port();
         let peer_url = format!("http://127.0.0.1:{peer}");
         let client_url = format!("http://127.0.0.1:{client}");
@@ -69,6 +73,7 @@ impl Etcd {
             .arg(format!("--initial-cluster={name}={peer_url}"))
             .arg(format!("--listen-client-urls={client_url}"))
             .arg(format!("--advertise-client-urls={client_url}"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -390,17 +395,23 @@ async fn replay_speed_with_1_kib_values() {
         })
         .collect();
     let segments = archive::put_segments(&store, 0xc1, &revs, &Default::default(), 2000).await;
+    let (cpu_self, cpu_children) = (cpu_seconds("self"), children_cpu_seconds());
+    println!("load average before: {}", load_average());
     let started = std::time::Instant::now();
     let r = replayed(&store, &m, &file, &segments, Target::End, dir.path()).await;
     let total = started.elapsed();
     assert_eq!((r.last_revision, r.stopped.clone()), (base + N, None));
     println!(
-        "replay: {} revisions applied in {:.2?} = {:.0} revisions/s, {} resent (whole replay incl. restore, start, snapshot: {:.2?})",
+        "replay: {} revisions applied in {:.2?} = {:.0} revisions/s, {} resent, {} overtaken (whole replay incl. restore, start, snapshot: {:.2?}); CPU s: test process {:.2}, etcd and etcdutl {:.2}; load average after: {}",
         r.revisions,
         r.applying,
         r.revisions as f64 / r.applying.as_secs_f64(),
         r.resent,
-        total
+        r.overtaken,
+        total,
+        cpu_seconds("self") - cpu_self,
+        children_cpu_seconds() - cpu_children,
+        load_average(),
     );
 }
 
@@ -583,4 +594,97 @@ async fn a_live_cluster_compacted_past_the_archive_skips_the_archive_hash_with_t
         recorded.detail
     );
     assert_eq!(metrics.drill_archive_failures, 0);
+}
+
+/// CPU seconds (user + system) of process `pid` ("self": this one), from `/proc`.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// CPU seconds of this process's reaped children (the scratch etcd, etcdutl).
+fn children_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[13].parse::<f64>().unwrap() + fields[14].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default()
+}
+
+/// The ceiling of etcd itself (BENCHMARKS.md, archive replay speed): one member started as
+/// the replay's scratch etcd is (`--unsafe-no-fsync`), `clients` concurrent clients each
+/// sending single-put transactions of 1 KiB one after another (no guard), over
+/// `connections` HTTP/2 connections, for 3 s each.
+/// `cargo test --test archive_replay -- --ignored --nocapture etcd_ceiling`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn etcd_ceiling_for_single_put_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start_with(
+        "ceiling",
+        &dir.path().join("ceiling"),
+        free_port(),
+        &["--unsafe-no-fsync"],
+    )
+    .await;
+    let etcd_pid = etcd.child.id().to_string();
+    println!("load average before: {}", load_average());
+    for (clients, connections) in [
+        (1, 1),
+        (8, 1),
+        (32, 1),
+        (64, 1),
+        (128, 1),
+        (64, 4),
+        (64, 16),
+    ] {
+        let mut conns = Vec::new();
+        for _ in 0..connections {
+            conns.push(etcd.client().await.kv_client());
+        }
+        let (cpu_self, cpu_etcd) = (cpu_seconds("self"), cpu_seconds(&etcd_pid));
+        let started = std::time::Instant::now();
+        let until = started + Duration::from_secs(3);
+        let mut tasks = tokio::task::JoinSet::new();
+        for c in 0..clients {
+            let mut kv = conns[c % connections].clone();
+            tasks.spawn(async move {
+                let mut n = 0u64;
+                while std::time::Instant::now() < until {
+                    let key = format!("/ceiling/{c}/{}", n % 100);
+                    let txn = Txn::new().and_then([TxnOp::put(key, vec![b'v'; 1024], None)]);
+                    kv.txn(txn).await.unwrap();
+                    n += 1;
+                }
+                n
+            });
+        }
+        let mut total = 0;
+        while let Some(n) = tasks.join_next().await {
+            total += n.unwrap();
+        }
+        let took = started.elapsed().as_secs_f64();
+        println!(
+            "ceiling: {clients:>3} clients over {connections:>2} connections: {:>6.0} transactions/s; CPU s per 1,000: test process {:.3}, etcd {:.3}",
+            total as f64 / took,
+            (cpu_seconds("self") - cpu_self) * 1000.0 / total as f64,
+            (cpu_seconds(&etcd_pid) - cpu_etcd) * 1000.0 / total as f64,
+        );
+    }
+    println!("load average after: {}", load_average());
 }

@@ -344,6 +344,7 @@ mod tests {
             stopped,
             applying: Duration::ZERO,
             resent: 0,
+            overtaken: 0,
         }
     }
 

@@ -12,21 +12,31 @@
 //! it), and every lease of the scratch etcd is kept alive while the replay runs (an expired
 //! lease would delete keys and add revisions). Their clocks restart at the restore.
 //!
+//! Up to a window of transactions are in flight at once; each carries compares
+//! ([`guards`]) that let it apply only right after its predecessor and only once, so
+//! etcd's order is proven, not assumed, and one that overtook its predecessor (it changed
+//! nothing) is simply sent again ([`Pipeline`]).
+//!
 //! The choice of what to do with each archived revision ([`step`]), the transaction it
-//! becomes ([`txn_ops`]) and the leases it needs ([`leases_to_grant`]) are pure.
+//! becomes ([`txn_ops`], [`guards`]), the leases it needs ([`leases_to_grant`]) and what to
+//! send next ([`Pipeline`]) are pure.
 
 mod leases;
+mod pipeline;
 mod plan;
 
-pub use plan::{leases_to_grant, step, txn_ops, EarlyStop, Step, Target, DEFAULT_LEASE_TTL};
+pub use pipeline::{Answer, Mismatch, Pipeline, Proofs, Send};
+pub use plan::{
+    applied_key, guards, leases_to_grant, step, txn_ops, EarlyStop, Step, Target, DEFAULT_LEASE_TTL,
+};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn};
+use etcd_client::{Client, ConnectOptions, Txn};
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
-use super::segment::Segment;
+use super::segment::{Revision, Segment};
 use super::stored;
 use super::{chain, SegmentManifest};
 use crate::backup::manifest::Manifest;
@@ -36,7 +46,6 @@ use crate::backup::store::{Store, StoreError};
 use crate::backup::tool::{EtcdTool, ToolError};
 
 use leases::Leases;
-use plan::put_key;
 
 /// One call to the scratch etcd (a transaction, a grant) gets this long.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -78,8 +87,11 @@ pub struct Replayed {
     pub stopped: Option<EarlyStop>,
     /// How long applying the revisions took.
     pub applying: Duration,
-    /// Transactions sent again because they reached etcd before their predecessor.
+    /// Transactions sent again because they (or one before them) reached etcd before
+    /// their predecessor.
     pub resent: u64,
+    /// Times a transaction reached etcd before its predecessor.
+    pub overtaken: u64,
 }
 
 #[derive(Debug, Error)]
@@ -350,6 +362,7 @@ async fn run(
         stopped: None,
         applying: Duration::ZERO,
         resent: 0,
+        overtaken: 0,
     };
     let started = tokio::time::Instant::now();
     let mut reached = false;
@@ -445,12 +458,8 @@ async fn hash_at(client: &Client, revision: i64, compact: Option<i64>) -> Result
     }
 }
 
-/// Transactions in flight at once. Each one after the first carries a guard (its
-/// predecessor's key is at its predecessor's revision), so one that reaches etcd before
-/// its predecessor changes nothing and is sent again: the order is etcd's, proven, not
-/// assumed. A revision whose predecessor put nothing (deletes only) has no such key: it
-/// waits until everything before it is answered.
-const WINDOW: usize = 64;
+/// Transactions in flight at once ([`Pipeline`]).
+const WINDOW: usize = 32;
 
 /// Where one segment's replay left off.
 enum Flow {
@@ -464,15 +473,9 @@ struct Applier {
     leases: Leases,
     /// The scratch etcd's revision, as its last answer said.
     current: i64,
-    /// A key the revision `current` put (its guard for the next revision).
+    /// A key the revision `current` left written at `current` (its successor's guard).
     guard: Option<Vec<u8>>,
 }
-
-type Answer = (
-    usize,
-    bool,
-    Result<Result<etcd_client::TxnResponse, etcd_client::Error>, tokio::time::error::Elapsed>,
-);
 
 impl Applier {
     /// Applies `segment`'s revisions above `current`, up to `target`.
@@ -482,105 +485,99 @@ impl Applier {
         target: Target,
         done: &mut Replayed,
     ) -> Result<Flow, ReplayError> {
-        use futures_util::stream::{FuturesOrdered, StreamExt};
-        let revs = &segment.revisions;
-        let mut inflight: FuturesOrdered<
-            std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>,
-        > = FuturesOrdered::new();
-        let mut next = 0usize;
-        // The last revision sent, and a key it puts.
-        let (mut sent, mut sent_guard) = (self.current, self.guard.clone());
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut todo: Vec<&Revision> = Vec::new();
         let mut flow = Flow::Continue;
-        let mut filling = true;
-        loop {
-            while filling && inflight.len() < WINDOW && next < revs.len() {
-                let rev = &revs[next];
-                match step(sent, rev, target) {
-                    Step::Skip => {
-                        next += 1;
-                        continue;
-                    }
-                    Step::Done => {
-                        (flow, filling) = (Flow::Reached, false);
-                        break;
-                    }
-                    Step::Stop(why) => {
-                        (flow, filling) = (Flow::Stop(why), false);
-                        break;
-                    }
-                    Step::Apply => {}
-                }
-                let alone = inflight.is_empty();
-                if !alone && sent_guard.is_none() {
+        for rev in &segment.revisions {
+            match step(
+                todo.last().map_or(self.current, |r| r.revision),
+                rev,
+                target,
+            ) {
+                Step::Skip => {}
+                Step::Apply => todo.push(rev),
+                Step::Done => {
+                    flow = Flow::Reached;
                     break;
                 }
-                for (id, ttl) in leases_to_grant(rev, &segment.leases, &self.leases.known) {
-                    self.leases.grant(id, ttl, rev.revision).await?;
+                Step::Stop(why) => {
+                    flow = Flow::Stop(why);
+                    break;
                 }
-                let mut txn = Txn::new();
-                if let Some(key) = sent_guard.take() {
-                    txn = txn.when([Compare::mod_revision(key, CompareOp::Equal, sent)]);
-                }
-                let txn = txn.and_then(txn_ops(rev));
-                let mut kv = self.kv.clone();
-                let index = next;
-                inflight.push_back(Box::pin(async move {
-                    (
-                        index,
-                        alone,
-                        tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn)).await,
-                    )
-                }));
-                (sent, sent_guard) = (rev.revision, put_key(rev));
-                next += 1;
             }
-            let Some((index, alone, answer)) = inflight.next().await else {
-                return Ok(flow);
+        }
+        let pred = |pos: usize| match pos.checked_sub(1) {
+            Some(p) => applied_key(todo[p]),
+            None => self.guard.as_deref(),
+        };
+        let proofs = (0..todo.len()).map(|pos| guards(pred(pos), todo[pos]).1);
+        let mut pipeline = Pipeline::new(self.current + 1, proofs.collect(), WINDOW);
+        let mut inflight = FuturesUnordered::new();
+        // Leases are granted before the first transaction naming them is sent.
+        let mut granted = 0;
+        let mut mismatch = None;
+        while !pipeline.finished() {
+            while let Some(send) = pipeline.send() {
+                let rev = todo[send.pos];
+                if send.pos >= granted {
+                    for (id, ttl) in leases_to_grant(rev, &segment.leases, &self.leases.known) {
+                        self.leases.grant(id, ttl, rev.revision).await?;
+                    }
+                    granted = send.pos + 1;
+                }
+                let (compares, _) = guards(pred(send.pos), rev);
+                let txn = Txn::new().when(compares).and_then(txn_ops(rev));
+                let mut kv = self.kv.clone();
+                inflight.push(async move {
+                    (send, tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn)).await)
+                });
+            }
+            let Some((send, answer)) = inflight.next().await else {
+                return Err(ReplayError::Apply {
+                    revision: pipeline.revision(pipeline.applied()),
+                    detail: "nothing in flight and nothing to send: the replay cannot go on".into(),
+                });
             };
-            let rev = &revs[index];
             let failed = |detail: String| ReplayError::Apply {
-                revision: rev.revision,
+                revision: todo[send.pos].revision,
                 detail,
             };
             let answer = answer
                 .map_err(|_| failed(format!("no answer within {CALL_TIMEOUT:?}")))?
                 .map_err(|e| failed(e.to_string()))?;
             let served = answer.header().map(|h| h.revision()).unwrap_or(0);
-            if !answer.succeeded() && !alone {
-                // It reached etcd before its predecessor: nothing changed. So did every
-                // later one in flight (each is guarded by the one before); send again.
-                while let Some((_, _, later)) = inflight.next().await {
-                    if let Ok(Ok(a)) = later {
-                        if a.succeeded() {
-                            return Err(failed(
-                                "a later revision was applied before it: the scratch etcd is not usable".into(),
-                            ));
-                        }
-                    }
-                }
-                done.resent += 1;
-                (next, sent, sent_guard) = (index, self.current, self.guard.clone());
-                (flow, filling) = (Flow::Continue, true);
-                continue;
+            let answer = match answer.succeeded() {
+                true => Answer::Applied { served },
+                false => Answer::Failed { served },
+            };
+            if let Err(m) = pipeline.answered(send, answer) {
+                mismatch = Some((m, matches!(answer, Answer::Applied { .. })));
+                break;
             }
-            if !answer.succeeded() || served != rev.revision {
-                // Whatever a transaction did is in the scratch etcd now, and in its snapshot.
-                if answer.succeeded() && served > self.current {
-                    self.current = served;
-                    done.last_revision = served;
-                }
-                while inflight.next().await.is_some() {}
-                return Ok(Flow::Stop(EarlyStop::Mismatch {
-                    archived: rev.revision,
-                    served,
-                }));
-            }
-            self.current = rev.revision;
-            self.guard = put_key(rev);
-            done.revisions += 1;
-            done.last_revision = rev.revision;
-            done.last_time_unix_ms = Some(rev.time_unix_ms);
         }
+        // Every answer is read before the replay goes on or stops: nothing is left in flight.
+        while inflight.next().await.is_some() {}
+        done.resent += pipeline.resent;
+        done.overtaken += pipeline.overtaken;
+        if let Some(last) = pipeline.applied().checked_sub(1).map(|p| todo[p]) {
+            self.current = last.revision;
+            self.guard = applied_key(last).map(<[u8]>::to_vec);
+            done.revisions += u64::try_from(pipeline.applied()).unwrap_or(u64::MAX);
+            done.last_revision = last.revision;
+            done.last_time_unix_ms = Some(last.time_unix_ms);
+        }
+        if let Some((m, applied)) = mismatch {
+            // Whatever a transaction did is in the scratch etcd now, and in its snapshot.
+            if applied && m.served > self.current {
+                self.current = m.served;
+                done.last_revision = m.served;
+            }
+            return Ok(Flow::Stop(EarlyStop::Mismatch {
+                archived: m.archived,
+                served: m.served,
+            }));
+        }
+        Ok(flow)
     }
 }
 

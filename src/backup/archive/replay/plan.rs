@@ -1,11 +1,12 @@
 //! The replay's pure parts: what to do with each archived revision ([`step`]), the
-//! transaction it becomes ([`txn_ops`]), the leases it needs first ([`leases_to_grant`]),
-//! and why a replay stopped early ([`EarlyStop`]).
+//! transaction it becomes ([`txn_ops`]) and its guards ([`guards`]), the leases it needs
+//! first ([`leases_to_grant`]), and why a replay stopped early ([`EarlyStop`]).
 
 use std::collections::{BTreeMap, HashSet};
 
-use etcd_client::{PutOptions, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, TxnOp};
 
+use super::pipeline::Proofs;
 use crate::backup::archive::segment::{Op, Revision};
 
 /// The TTL (seconds) a lease gets when the archiver could not learn its own (it was gone
@@ -130,11 +131,64 @@ pub fn leases_to_grant(
     out
 }
 
-/// A key `rev` puts (the guard of the revision after it).
-pub fn put_key(rev: &Revision) -> Option<Vec<u8>> {
-    rev.ops.iter().find_map(|op| match op {
-        Op::Put { key, .. } => Some(key.clone()),
-        Op::Delete { .. } => None,
+/// A key `rev` leaves written at its own revision (its last op on the key is a put): the
+/// guard, for the revision after it, that `rev` was applied.
+pub fn applied_key(rev: &Revision) -> Option<&[u8]> {
+    rev.ops
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, op)| match op {
+            Op::Put { key, .. } if !touched(&rev.ops[i + 1..], key) => Some(key.as_slice()),
+            _ => None,
+        })
+}
+
+fn touched(ops: &[Op], key: &[u8]) -> bool {
+    ops.iter().any(|op| match op {
+        Op::Put { key: k, .. } | Op::Delete { key: k } => k == key,
+    })
+}
+
+/// The compares of `rev`'s transaction, and what they prove ([`Proofs`]):
+/// - *after*: `pred` (a key the previous revision left written, [`applied_key`]) is at
+///   the previous revision: the previous revision was applied (a later one would have
+///   needed this one first);
+/// - *once*: a key `rev` leaves written is below `rev`'s revision, or else a key it
+///   deletes first (the archive says it existed) is present and below it: `rev` was not
+///   applied yet (once applied, the first is at `rev` or above, the second absent or
+///   written again above).
+///
+/// Together: the transaction applies only right after its predecessor and only once, so
+/// exactly at its revision (the header's revision checks it too).
+pub fn guards(pred: Option<&[u8]>, rev: &Revision) -> (Vec<Compare>, Proofs) {
+    let r = rev.revision;
+    let mut compares = Vec::with_capacity(3);
+    if let Some(key) = pred {
+        compares.push(Compare::mod_revision(key, CompareOp::Equal, r - 1));
+    }
+    let once = if let Some(key) = applied_key(rev) {
+        compares.push(Compare::mod_revision(key, CompareOp::Less, r));
+        true
+    } else if let Some(key) = first_deleted(rev) {
+        compares.push(Compare::mod_revision(key, CompareOp::Greater, 0));
+        compares.push(Compare::mod_revision(key, CompareOp::Less, r));
+        true
+    } else {
+        false
+    };
+    let proofs = Proofs {
+        after: pred.is_some(),
+        once,
+    };
+    (compares, proofs)
+}
+
+/// A key whose first op in `rev` is a delete.
+fn first_deleted(rev: &Revision) -> Option<&[u8]> {
+    rev.ops.iter().enumerate().find_map(|(i, op)| match op {
+        Op::Delete { key } if !touched(&rev.ops[..i], key) => Some(key.as_slice()),
+        _ => None,
     })
 }
 
@@ -230,5 +284,70 @@ mod tests {
             leases_to_grant(&r, &recorded, &known),
             vec![(7, 15), (8, DEFAULT_LEASE_TTL)]
         );
+    }
+
+    fn del(key: &str) -> Op {
+        Op::Delete {
+            key: key.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_guards_prove_the_predecessor_applied_and_this_revision_not_yet_with_a_key_left_written()
+    {
+        let r = rev(12, 0, vec![put("a", 0), del("b"), put("c", 0), del("a")]);
+        // "a" is deleted after its put: "c" is the key revision 12 leaves written.
+        assert_eq!(applied_key(&r), Some(&b"c"[..]));
+        let (compares, proofs) = guards(Some(b"p"), &r);
+        assert_eq!(
+            proofs,
+            Proofs {
+                after: true,
+                once: true
+            }
+        );
+        let text = format!("{compares:?}");
+        assert_eq!(compares.len(), 2, "{text}");
+        assert!(
+            text.contains("key: [112]") && text.contains("ModRevision(11)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("key: [99]") && text.contains("ModRevision(12)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("result: Equal") && text.contains("result: Less"),
+            "{text}"
+        );
+        // The first revision after the snapshot has no predecessor's key.
+        let (compares, proofs) = guards(None, &r);
+        assert_eq!((compares.len(), proofs.after), (1, false));
+    }
+
+    #[test]
+    fn a_revision_of_deletes_only_is_guarded_by_its_first_deleted_key_being_present_and_older() {
+        let r = rev(20, 0, vec![del("x"), del("y")]);
+        assert_eq!(applied_key(&r), None);
+        let (compares, proofs) = guards(None, &r);
+        assert!(proofs.once);
+        let text = format!("{compares:?}");
+        assert_eq!(compares.len(), 2, "{text}");
+        assert!(
+            text.contains("key: [120]") && !text.contains("key: [121]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("result: Greater") && text.contains("ModRevision(0)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("result: Less") && text.contains("ModRevision(20)"),
+            "{text}"
+        );
+        // A key put and then deleted in one revision proves nothing either way.
+        let r = rev(21, 0, vec![put("z", 0), del("z")]);
+        let (compares, proofs) = guards(Some(b"p"), &r);
+        assert_eq!((compares.len(), proofs.once), (1, false));
     }
 }
