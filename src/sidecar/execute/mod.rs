@@ -6,6 +6,7 @@
 
 pub mod archive;
 pub mod backup;
+pub mod corruption;
 pub mod defrag;
 pub mod scale_in;
 
@@ -19,6 +20,7 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError};
 use archive::ArchiveRounds;
 use backup::BackupRounds;
+use corruption::HashChecks;
 use defrag::defragment;
 use scale_in::ScaleInDuty;
 
@@ -34,6 +36,9 @@ pub struct Jobs {
     pub scale_in: Option<ScaleInDuty>,
     /// With `--auto-recover-after`: the looks for a proof of loss, and the inbox.
     pub auto_recover: Option<AutoRecoverDuty>,
+    /// With `--corruption-check-interval`: the checks this sidecar runs as leader, and the
+    /// leader's verdict as read from its report.
+    pub corruption: Option<HashChecks>,
 }
 
 impl Jobs {
@@ -57,6 +62,9 @@ impl Jobs {
             .unwrap_or_default();
         if let Some(duty) = &self.scale_in {
             duty.gather(conn, seen).await;
+        }
+        if let Some(checks) = &mut self.corruption {
+            checks.gather(conn, seen).await;
         }
         if let Some(duty) = &mut self.auto_recover {
             seen.recovery_looks = duty.looks();
@@ -114,6 +122,12 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no backup store configured (--backup-url)".into(),
             }),
         },
+        Step::CheckHashes { .. } => corruption::start(jobs.corruption.as_ref(), &step).map_err(
+            |detail| EtcdError::Other {
+                endpoint: String::new(),
+                detail,
+            },
+        ),
         Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
             Some(duty) => {
                 duty.offer(id, survivor);
@@ -250,6 +264,12 @@ fn log(outcome: &Outcome) {
         }
         Outcome::Done(Step::DisarmNospace) => {}
         Outcome::Done(Step::OfferRecovery { .. }) => {}
+        Outcome::Done(Step::CheckHashes { voters, .. }) => {
+            tracing::debug!(voters = voters.len(), "corruption check started");
+        }
+        Outcome::Failed(Step::CheckHashes { .. }, error) => {
+            tracing::warn!(%error, "corruption check not started");
+        }
         Outcome::Failed(Step::OfferRecovery { id, .. }, error) => {
             tracing::warn!(recovery = %id, %error, "auto-recover: the request was not handed over");
         }
@@ -265,6 +285,7 @@ fn log(outcome: &Outcome) {
             | Step::Defrag { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }
+            | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },
         )
         | Outcome::NotYet(
@@ -275,6 +296,7 @@ fn log(outcome: &Outcome) {
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }
+            | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },
         ) => {}
     }
