@@ -59,7 +59,10 @@ fn change_db(data_dir: &Path) -> usize {
 }
 
 async fn metrics(set: &Set, o: u32) -> String {
-    set.http(o, "/metrics").await.map(|(_, b)| b).unwrap_or_default()
+    set.http(o, "/metrics")
+        .await
+        .map(|(_, b)| b)
+        .unwrap_or_default()
 }
 
 async fn status_json(set: &Set, o: u32) -> serde_json::Value {
@@ -108,8 +111,7 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
         FOUND,
         "the changed member serves its changed value",
         || async {
-            served_value(&set, changed).await.as_deref()
-                == Some("value-tampered-0123456789abcdef")
+            served_value(&set, changed).await.as_deref() == Some("value-tampered-0123456789abcdef")
         },
         || set.dump(),
     )
@@ -152,7 +154,10 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
             || text.contains("no hash has a strict majority of the 3 voters"),
         "{text}"
     );
-    assert!(text.contains(&format!("no answer from {silent_id}")), "{text}");
+    assert!(
+        text.contains(&format!("no answer from {silent_id}")),
+        "{text}"
+    );
 
     // Every voter answers: two of three agree, the changed one is diverged.
     start_without_initial_check(&mut set, silent);
@@ -196,7 +201,9 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
     );
     for id in &healthy {
         assert!(
-            m.contains(&format!("etcd_steward_member_diverged{{member=\"{id}\"}} 0")),
+            m.contains(&format!(
+                "etcd_steward_member_diverged{{member=\"{id}\"}} 0"
+            )),
             "{m}"
         );
     }
@@ -252,7 +259,10 @@ async fn etcd_refuses_to_start_on_data_that_differs_from_its_peers(etcd: Etcd) {
     wait_for_or(
         FOUND,
         "etcd refusing to start on the changed data",
-        || async { set.logs(changed).contains("found data inconsistency with peers") },
+        || async {
+            set.logs(changed)
+                .contains("found data inconsistency with peers")
+        },
         || set.dump(),
     )
     .await;

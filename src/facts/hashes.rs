@@ -313,8 +313,12 @@ pub fn judge(round: &HashRound) -> Verdict {
         })
         .collect();
     // The largest group first (ties by hash: the order is stable).
-    groups.sort_by(|a, b| b.members.len().cmp(&a.members.len()));
-    let Some(top) = groups.first().filter(|g| g.members.len() >= needed).cloned() else {
+    groups.sort_by_key(|g| std::cmp::Reverse(g.members.len()));
+    let Some(top) = groups
+        .first()
+        .filter(|g| g.members.len() >= needed)
+        .cloned()
+    else {
         return Verdict::Undecided {
             revision,
             why: NoProof::NoMajority {

@@ -66,7 +66,7 @@ pub fn corruption_checks(
 ) -> Vec<String> {
     let given = |flag: &str| {
         let env = format!("ETCD_{}", flag.to_uppercase().replace('-', "_"));
-        user_env.iter().any(|e| *e == env)
+        user_env.contains(&env)
             || user_args.iter().any(|a| {
                 let a = a.trim_start_matches('-');
                 a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('='))
@@ -111,7 +111,12 @@ pub fn corruption_checks(
 
 /// The full etcd command line (without the binary) for `mode`, then `checks` (see
 /// [`corruption_checks`]), then the user's extras.
-pub fn etcd_argv(cfg: &Config, mode: &StartMode, checks: &[String], extra: &[String]) -> Vec<String> {
+pub fn etcd_argv(
+    cfg: &Config,
+    mode: &StartMode,
+    checks: &[String],
+    extra: &[String],
+) -> Vec<String> {
     let id = &cfg.identity;
     let listen = match cfg.listen_ip {
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),

@@ -111,10 +111,7 @@ pub async fn ask_hashes<D: Dns, C: Connector>(
                 Err(e) => Answered::NoAnswer { error: short(&e) },
             },
         };
-        HashAnswer {
-            member: v.id,
-            got,
-        }
+        HashAnswer { member: v.id, got }
     }))
     .await;
     HashRound {
@@ -265,8 +262,12 @@ impl HashChecks {
             if let Some(task) = reader.pending.take() {
                 match task.await {
                     Ok(Ok(report)) => got = report.hash_check,
-                    Ok(Err(e)) => tracing::debug!(error = %e, "the leader's report (for its corruption check) was not read"),
-                    Err(e) => tracing::debug!(error = %e, "reading the leader's report ended abnormally"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "the leader's report (for its corruption check) was not read")
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading the leader's report ended abnormally")
+                    }
                 }
             }
         }
@@ -299,7 +300,10 @@ impl HashChecks {
                 let label = MemberLabel {
                     member: format!("{member:x}"),
                 };
-                self.metrics.diverged.get_or_create(&label).set(i64::from(diverged));
+                self.metrics
+                    .diverged
+                    .get_or_create(&label)
+                    .set(i64::from(diverged));
             }
         }
         if me != 0

@@ -169,7 +169,11 @@ mod tests {
         let t0 = Instant::now();
         let mut p = CorruptionCheck::new(EVERY);
         for k in 0..5 {
-            assert!(run(&mut p, &seen(t0 + EVERY * k, 0xb0, &["memberID:b0 alarm:CORRUPT"])).is_empty());
+            assert!(run(
+                &mut p,
+                &seen(t0 + EVERY * k, 0xb0, &["memberID:b0 alarm:CORRUPT"])
+            )
+            .is_empty());
             assert!(run(&mut p, &seen(t0 + EVERY * k, 0, &[])).is_empty());
         }
     }
