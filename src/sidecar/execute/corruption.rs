@@ -31,7 +31,7 @@ use crate::identity::{split_url, Identity};
 use crate::observe::{HttpReports, PeerReports};
 use crate::sidecar::conn::Connections;
 use crate::sidecar::http::metrics::OptionalSeconds;
-use crate::sidecar::plan::{Observation, Outcome, Step};
+use crate::sidecar::plan::{Observation, Step};
 
 /// A voter's status is answered from memory: longer than this, it counts as silent.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -320,10 +320,6 @@ impl HashChecks {
             .as_ref()
             .filter(|c| c.verdict.standing(me) != Standing::Unknown)
     }
-
-    /// What came of a step: a check that could not start is not counted here (it never
-    /// asked anyone).
-    pub fn record(&self, _outcome: &Outcome) {}
 }
 
 /// Runs [`Step::CheckHashes`]: starts the check when this sidecar has the job.
