@@ -65,6 +65,10 @@ pub trait Etcd: Send + Sync {
     ) -> impl Future<Output = Result<(), EtcdError>> + Send;
     /// Defragments this member's backend (it serves no request meanwhile; no time-out).
     fn defragment(&self) -> impl Future<Output = Result<(), EtcdError>> + Send;
+    /// `HashKV` at `revision`: the hash of the keyspace up to it and the compacted revision
+    /// it starts from. A large database takes seconds to hash: asked on a connection of its
+    /// own, bounded by [`HASH_TIMEOUT`].
+    fn hash_kv(&self, revision: i64) -> impl Future<Output = Result<(u32, i64), EtcdError>> + Send;
     /// Deactivates every NOSPACE alarm in the cluster; returns how many there were.
     fn disarm_nospace(&self) -> impl Future<Output = Result<usize, EtcdError>> + Send;
     /// Puts `key` = `value` on a new lease of `ttl_secs` unless `key` exists: the lease ID
@@ -81,6 +85,9 @@ pub trait Etcd: Send + Sync {
 
 /// How long a defragmentation may take before it counts as failed (etcd goes on with it).
 pub const DEFRAG_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a `HashKV` may take before the member counts as not answering.
+pub const HASH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Opens connections to members by address.
 pub trait Connector: Send + Sync {
@@ -374,6 +381,7 @@ impl Etcd for EtcdClientMember {
             db_size: s.db_size(),
             db_size_in_use: s.raft_used_db_size(),
             version: s.version().to_string(),
+            revision: header.map(|h| h.revision()).unwrap_or_default(),
         })
     }
 
@@ -461,6 +469,18 @@ impl Etcd for EtcdClientMember {
             .await
             .map(drop)
             .map_err(|e| classify(&self.endpoint, e))
+    }
+
+    async fn hash_kv(&self, revision: i64) -> Result<(u32, i64), EtcdError> {
+        let options = self.options.clone().with_timeout(HASH_TIMEOUT);
+        let mut client = Client::connect([self.url.clone()], Some(options))
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        let r = client
+            .hash_kv(revision)
+            .await
+            .map_err(|e| classify(&self.endpoint, e))?;
+        Ok((r.hash(), r.compact_version()))
     }
 
     async fn disarm_nospace(&self) -> Result<usize, EtcdError> {

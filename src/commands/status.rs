@@ -64,6 +64,9 @@ pub struct ClusterStatus {
     pub other_members: Vec<String>,
     pub pods: Vec<PodStatus>,
     pub backups: Option<BackupStatus>,
+    /// The newest corruption check any pod's sidecar knows (the leader's sidecar runs it):
+    /// when, by whom, every voter's answer and the verdict.
+    pub corruption_check: Option<crate::facts::hashes::HashCheck>,
 }
 
 fn member_name(m: &MemberInfo) -> String {
@@ -224,7 +227,12 @@ where
         None => None,
         Some(b) => Some(backup_status(&cfg, b).await),
     };
+    let corruption_check = pods
+        .iter()
+        .filter_map(|(_, _, _, r)| r.as_ref().ok()?.hash_check.clone())
+        .max_by_key(|c| c.at);
     Ok(ClusterStatus {
+        corruption_check,
         cluster_id,
         leader,
         voters,
@@ -364,6 +372,12 @@ pub fn render(s: &ClusterStatus) -> String {
             ));
         }
     }
+    if let Some(c) = &s.corruption_check {
+        out.push_str(&format!(
+            "\ncorruption check @{} by {:x}: {}\n",
+            c.at, c.checker, c.verdict
+        ));
+    }
     if let Some(b) = &s.backups {
         out.push('\n');
         match (&b.error, &b.newest) {
@@ -479,6 +493,7 @@ mod tests {
                     ..crate::backup::EtcdTool::from_bin("/usr/bin/etcdctl")
                 })),
             }),
+            corruption_check: Some(diverged_check()),
         };
         let text = render(&s);
         assert!(
@@ -511,10 +526,39 @@ mod tests {
             "{text}"
         );
         assert!(
+            text.contains("corruption check @1700000200 by a: diverged at revision 9: b answered 00000009; the majority of the 3 voters (a, c) answered 00000007\n"),
+            "{text}"
+        );
+        assert!(
             text.contains("restores: /usr/bin/etcdctl (etcdctl version: 3.4.23) cannot move a restore's revision forward")
                 && text.contains("the jump needs an etcdutl 3.5.x whose snapshot restore has --bump-revision"),
             "{text}"
         );
+    }
+
+    fn diverged_check() -> crate::facts::hashes::HashCheck {
+        use crate::facts::hashes::{judge, Answered, HashAnswer, HashCheck, HashRound};
+        let answers: Vec<HashAnswer> = [(0xa, 7), (0xb, 9), (0xc, 7)]
+            .into_iter()
+            .map(|(member, hash)| HashAnswer {
+                member,
+                got: Answered::Hash {
+                    hash,
+                    compact_revision: 1,
+                },
+            })
+            .collect();
+        let verdict = judge(&HashRound {
+            revision: 9,
+            voters: vec![0xa, 0xb, 0xc],
+            answers: answers.clone(),
+        });
+        HashCheck {
+            at: 1_700_000_200,
+            checker: 0xa,
+            answers,
+            verdict,
+        }
     }
 
     #[test]
@@ -527,6 +571,7 @@ mod tests {
             other_members: vec![],
             pods: vec![pod("etcd-0", "no leader", None)],
             backups: None,
+            corruption_check: None,
         };
         assert!(render(&s).starts_with("no member answered with the member list"));
     }

@@ -112,6 +112,14 @@ pub struct CommonArgs {
     /// sidecar removes it (humantime: 10s, 5m).
     #[arg(long, env = "ETCD_STEWARD_LEARNER_STALL_TIMEOUT", default_value = "5m")]
     pub learner_stall_timeout: String,
+    /// How often the leader's sidecar compares every voter's `HashKV` at one common revision
+    /// to find a member whose data silently diverged (humantime: 10m, 1h); `0` turns it off.
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_CORRUPTION_CHECK_INTERVAL",
+        default_value = "10m"
+    )]
+    pub corruption_check_interval: String,
     /// Recover automatically from the freshest surviving volume (what `recover --yes`
     /// does) once a majority of the initial pods has answered for this long that their
     /// volumes are empty, every pod answered, and no cluster has quorum. Off by default.

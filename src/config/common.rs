@@ -108,6 +108,17 @@ impl CommonArgs {
             &mut problems,
         )
         .unwrap_or_default();
+        // `0` (or `0s`) turns the corruption check off; otherwise at least a second.
+        let corruption_check = match self.corruption_check_interval.trim() {
+            "0" | "0s" => None,
+            value => duration_at_least(
+                "corruption-check-interval",
+                value,
+                Duration::from_secs(1),
+                "10m (or 0 to turn the check off)",
+                &mut problems,
+            ),
+        };
         let auto_recover_after = self.auto_recover_after.as_deref().and_then(|v| {
             duration_at_least(
                 "auto-recover-after",
@@ -209,6 +220,7 @@ impl CommonArgs {
             dns_server,
             etcd_bin: self.etcd_bin.clone(),
             learner_stall_timeout,
+            corruption_check,
             auto_recover_after,
             etcd: crate::etcd::Access {
                 tls: client_tls,

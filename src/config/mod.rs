@@ -46,6 +46,8 @@ pub struct Config {
     pub dns_server: Option<SocketAddr>,
     pub etcd_bin: PathBuf,
     pub learner_stall_timeout: Duration,
+    /// `--corruption-check-interval`: off when `None`.
+    pub corruption_check: Option<Duration>,
     /// `--auto-recover-after`: off when `None`.
     pub auto_recover_after: Option<Duration>,
     /// How the agent reaches etcd: client TLS (`--client-*-file`) and credentials.

@@ -100,6 +100,7 @@ fn defaults_follow_the_statefulset_conventions() {
         (2379, 2380, 8080)
     );
     assert_eq!(c.learner_stall_timeout, Duration::from_secs(300));
+    assert_eq!(c.corruption_check, Some(Duration::from_secs(600)));
     assert!(c.dns_server.is_none());
 }
 
@@ -463,6 +464,37 @@ fn restore_to_a_time_is_the_moment_in_unix_milliseconds_and_a_time_without_zone_
         let e = with(bad).unwrap_err();
         assert!(
             e.problems[0].contains("time:2026-11-27T10:01:59Z"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn corruption_check_interval_zero_turns_the_check_off_and_a_bad_one_is_named() {
+    let with = |value: &str| {
+        common(&[
+            "--name",
+            "etcd-0",
+            "--replicas",
+            "3",
+            "--corruption-check-interval",
+            value,
+        ])
+        .validate()
+    };
+    assert_eq!(with("0").map(|c| c.corruption_check), Ok(None));
+    assert_eq!(
+        with("2s").map(|c| c.corruption_check),
+        Ok(Some(Duration::from_secs(2)))
+    );
+    for bad in ["often", "100ms"] {
+        let Err(e) = with(bad) else {
+            panic!("{bad} accepted")
+        };
+        assert!(
+            e.problems
+                .iter()
+                .any(|p| p.contains("--corruption-check-interval")),
             "{bad}: {e}"
         );
     }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 mod backups;
+pub mod hashes;
 pub use backups::*;
 
 /// Member and cluster IDs as etcd prints them: lowercase hex.
@@ -278,6 +279,8 @@ pub struct MemberStatus {
     pub db_size_in_use: i64,
     /// The member's etcd version.
     pub version: String,
+    /// The member's current key-value revision (the response header's).
+    pub revision: i64,
 }
 
 /// What `GET /peer/report` answers: a pod's sidecar telling the others about its volume.
@@ -321,6 +324,10 @@ pub struct PeerReport {
     /// init's last act (see [`Waiting::current`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
+    /// The newest corruption check this pod's sidecar knows (its own as the leader's, or
+    /// the leader's as it last read it): see [`hashes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_check: Option<hashes::HashCheck>,
 }
 
 /// What `init` is waiting for (`member/steward/waiting.json`): written when the reason

@@ -21,6 +21,7 @@ pub enum Op {
     Promote,
     UpdatePeerUrls,
     Defragment,
+    HashKv,
     DisarmNospace,
     TryLock,
     Unlock,
@@ -61,6 +62,8 @@ struct Member {
     errors: Vec<String>,
     /// The database file's size and the part in use.
     db: (i64, i64),
+    /// What `HashKV` answers (hash, compacted revision).
+    hash: (u32, i64),
 }
 
 #[derive(Debug)]
@@ -137,6 +140,7 @@ impl FakeCluster {
             up: true,
             errors: Vec::new(),
             db: (0, 0),
+            hash: (0x5eed, 1),
         });
     }
 
@@ -165,6 +169,14 @@ impl FakeCluster {
     pub fn set_errors(&self, id: u64, errors: &[&str]) {
         if let Some(m) = self.lock().members.iter_mut().find(|m| m.info.id == id) {
             m.errors = errors.iter().map(|e| e.to_string()).collect();
+        }
+    }
+
+    /// What member `id` answers to `HashKV` (every member answers `0x5eed` from
+    /// compacted revision 1 until told otherwise).
+    pub fn set_hash(&self, id: u64, hash: u32) {
+        if let Some(m) = self.lock().members.iter_mut().find(|m| m.info.id == id) {
+            m.hash.0 = hash;
         }
     }
 
@@ -373,6 +385,7 @@ impl Etcd for FakeMember {
                 errors: m.errors.clone(),
                 db_size: m.db.0,
                 db_size_in_use: m.db.1,
+                revision: i64::try_from(m.raft_index).unwrap_or(i64::MAX),
                 ..Default::default()
             })
         })
@@ -428,6 +441,7 @@ impl Etcd for FakeMember {
                 up: false,
                 errors: Vec::new(),
                 db: (0, 0),
+                hash: (0x5eed, 1),
             });
             Ok(info)
         })
@@ -491,6 +505,11 @@ impl Etcd for FakeMember {
             Ok(())
         })
         .await
+    }
+
+    async fn hash_kv(&self, _revision: i64) -> Result<(u32, i64), EtcdError> {
+        self.call(Op::HashKv, None, |s, e| Ok(s.reach(e)?.hash))
+            .await
     }
 
     async fn disarm_nospace(&self) -> Result<usize, EtcdError> {

@@ -2,7 +2,7 @@
 //! host names in listen URLs) and advertises the stable DNS names.
 
 use crate::config::Config;
-use crate::facts::MemberInfo;
+use crate::facts::{EtcdVersion, MemberInfo};
 use crate::identity::Identity;
 
 /// How etcd joins the cluster when it starts.
@@ -49,8 +49,74 @@ pub fn existing_initial_cluster(identity: &Identity, members: &[MemberInfo]) -> 
     entries.join(",")
 }
 
-/// The full etcd command line (without the binary) for `mode`, then the user's extras.
-pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String> {
+/// How often etcd's own leader compares its followers' hashes (etcd's default is never):
+/// the same as the sidecars' `--corruption-check-interval` default.
+pub const ETCD_CORRUPT_CHECK_TIME: &str = "10m";
+
+/// etcd's own corruption checks (issue 27), where the release `release` has them: the
+/// check at start against the peers' hashes (a member whose data differs refuses to
+/// start), the leader's periodic check, and (3.5.5+) the check after each compaction.
+/// 3.6 names them as feature gates. Nothing for an unknown or older release (a flag it
+/// does not know would stop it), and nothing a user set: a flag in `user_args` or its
+/// `ETCD_…` variable in `user_env` (etcd reads both) keeps the user's value.
+pub fn corruption_checks(
+    release: Option<EtcdVersion>,
+    user_args: &[String],
+    user_env: &[String],
+) -> Vec<String> {
+    let given = |flag: &str| {
+        let env = format!("ETCD_{}", flag.to_uppercase().replace('-', "_"));
+        user_env.contains(&env)
+            || user_args.iter().any(|a| {
+                let a = a.trim_start_matches('-');
+                a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('='))
+            })
+    };
+    let mut out = Vec::new();
+    let mut push = |flag: &str, value: &str| {
+        if !given(flag) {
+            out.push(format!("--{flag}={value}"));
+        }
+    };
+    let Some(v) = release else {
+        return out;
+    };
+    match (v.major, v.minor) {
+        (3, 4) | (3, 5) => {
+            push("experimental-initial-corrupt-check", "true");
+            push("experimental-corrupt-check-time", ETCD_CORRUPT_CHECK_TIME);
+            // Not in 3.5.1; in 3.5.30 (both checked with `etcd --help`).
+            if v.minor == 5 && v.patch >= 5 {
+                push("experimental-compact-hash-check-enabled", "true");
+            }
+        }
+        (3, m) if m >= 6 => {
+            push("corrupt-check-time", ETCD_CORRUPT_CHECK_TIME);
+            // A user's own gates, or the deprecated flag of one, keep theirs.
+            let mut gates = Vec::new();
+            if !given("experimental-initial-corrupt-check") {
+                gates.push("InitialCorruptCheck=true");
+            }
+            if !given("experimental-compact-hash-check-enabled") {
+                gates.push("CompactHashCheck=true");
+            }
+            if !gates.is_empty() {
+                push("feature-gates", &gates.join(","));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The full etcd command line (without the binary) for `mode`, then `checks` (see
+/// [`corruption_checks`]), then the user's extras.
+pub fn etcd_argv(
+    cfg: &Config,
+    mode: &StartMode,
+    checks: &[String],
+    extra: &[String],
+) -> Vec<String> {
     let id = &cfg.identity;
     let listen = match cfg.listen_ip {
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),
@@ -99,6 +165,7 @@ pub fn etcd_argv(cfg: &Config, mode: &StartMode, extra: &[String]) -> Vec<String
             argv.push("--initial-cluster-state=existing".into());
         }
     }
+    argv.extend(checks.iter().cloned());
     argv.extend(extra.iter().cloned());
     argv
 }
@@ -145,7 +212,7 @@ mod tests {
     #[test]
     fn every_start_mode_has_its_own_flags() {
         let cfg = config("10.0.0.11");
-        let common = etcd_argv(&cfg, &StartMode::Restart, &[]);
+        let common = etcd_argv(&cfg, &StartMode::Restart, &[], &[]);
         assert_eq!(
             common,
             [
@@ -181,7 +248,7 @@ mod tests {
             ),
         ];
         for (mode, want) in table {
-            let argv = etcd_argv(&cfg, &mode, &[]);
+            let argv = etcd_argv(&cfg, &mode, &[], &[]);
             assert_eq!(argv[..6], common[..], "{mode:?}");
             assert_eq!(flags_after_common(&argv), want, "{mode:?}");
         }
@@ -203,12 +270,96 @@ mod tests {
         let argv = etcd_argv(
             &cfg,
             &StartMode::Restart,
+            &["--experimental-initial-corrupt-check=true".into()],
             &["--quota-backend-bytes=1".into()],
+        );
+        assert_eq!(
+            argv[argv.len() - 2],
+            "--experimental-initial-corrupt-check=true",
+            "the checks come before the user's flags"
         );
         assert!(argv.contains(&"--listen-client-urls=http://[fd00::11]:2379".to_string()));
         assert_eq!(
             argv.last().map(String::as_str),
             Some("--quota-backend-bytes=1")
+        );
+    }
+
+    fn v(text: &str) -> Option<EtcdVersion> {
+        EtcdVersion::parse(text)
+    }
+
+    #[test]
+    fn etcd_starts_with_the_corruption_checks_its_release_has() {
+        let none: &[String] = &[];
+        assert_eq!(
+            corruption_checks(v("3.4.23"), none, none),
+            [
+                "--experimental-initial-corrupt-check=true",
+                "--experimental-corrupt-check-time=10m"
+            ]
+        );
+        assert_eq!(
+            corruption_checks(v("3.5.1"), none, none),
+            [
+                "--experimental-initial-corrupt-check=true",
+                "--experimental-corrupt-check-time=10m"
+            ]
+        );
+        assert_eq!(
+            corruption_checks(v("3.5.30"), none, none),
+            [
+                "--experimental-initial-corrupt-check=true",
+                "--experimental-corrupt-check-time=10m",
+                "--experimental-compact-hash-check-enabled=true"
+            ]
+        );
+        assert_eq!(
+            corruption_checks(v("3.6.6"), none, none),
+            [
+                "--corrupt-check-time=10m",
+                "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true"
+            ]
+        );
+        // A release whose flags are not known: none (an unknown flag stops etcd).
+        assert!(corruption_checks(None, none, none).is_empty());
+        assert!(corruption_checks(v("3.3.27"), none, none).is_empty());
+    }
+
+    #[test]
+    fn a_check_the_user_set_by_flag_or_variable_keeps_the_users_value() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let user = args(&["--experimental-initial-corrupt-check=false"]);
+        assert_eq!(
+            corruption_checks(v("3.5.30"), &user, &[]),
+            [
+                "--experimental-corrupt-check-time=10m",
+                "--experimental-compact-hash-check-enabled=true"
+            ]
+        );
+        // Single dash, bare boolean, and etcd's environment variable.
+        let user = args(&["-experimental-compact-hash-check-enabled"]);
+        let env = args(&["ETCD_EXPERIMENTAL_CORRUPT_CHECK_TIME"]);
+        assert_eq!(
+            corruption_checks(v("3.5.30"), &user, &env),
+            ["--experimental-initial-corrupt-check=true"]
+        );
+        // A prefix of another flag is not that flag.
+        let user = args(&["--experimental-corrupt-check-time-extra=1"]);
+        assert_eq!(corruption_checks(v("3.4.23"), &user, &[]).len(), 2);
+        // 3.6: the user's own gates keep theirs; a deprecated flag keeps its gate out.
+        let user = args(&["--feature-gates=StopGRPCServiceOnDefrag=true"]);
+        assert_eq!(
+            corruption_checks(v("3.6.0"), &user, &[]),
+            ["--corrupt-check-time=10m"]
+        );
+        let user = args(&["--experimental-initial-corrupt-check=false"]);
+        assert_eq!(
+            corruption_checks(v("3.6.0"), &user, &[]),
+            [
+                "--corrupt-check-time=10m",
+                "--feature-gates=CompactHashCheck=true"
+            ]
         );
     }
 }

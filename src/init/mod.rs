@@ -20,10 +20,11 @@ use crate::config::InitConfig;
 use crate::decision::{decide, Action};
 use crate::dns::Dns;
 use crate::etcd::Connector;
+use crate::facts::EtcdVersion;
 use crate::observe::{Observer, PeerReports};
 use crate::volume;
 use act::{act, ActError, Next, Pause};
-use etcd_args::{etcd_argv, StartMode};
+use etcd_args::{corruption_checks, etcd_argv, StartMode};
 use retry::{Backoff, Retry};
 
 /// What `init` ends with.
@@ -126,7 +127,7 @@ where
         };
         note.set(waits, unix_now());
         let pause = match done {
-            Ok(Next::Exec(mode)) => return Ok(exec(&init, &mode)),
+            Ok(Next::Exec(mode)) => return Ok(exec(&init, &mode, binary)),
             Ok(Next::LookAgain(pause)) => pause,
             Err(e) => match retry::policy(&e) {
                 Retry::GiveUp => return Err(e),
@@ -157,10 +158,19 @@ where
 /// The longest wait between two rounds while a recovery or restore request is held.
 const LOOK_DURING_REQUEST: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn exec(init: &InitConfig, mode: &StartMode) -> Outcome {
+fn exec(init: &InitConfig, mode: &StartMode, release: Option<EtcdVersion>) -> Outcome {
+    // etcd reads `ETCD_<FLAG>` variables too: one the user set keeps its value.
+    let env: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("ETCD_") && !k.starts_with("ETCD_STEWARD_"))
+        .collect();
+    let checks = corruption_checks(release, &init.etcd_args, &env);
+    if release.is_none() {
+        tracing::warn!("etcd's release is unknown: it starts without its corruption checks (--experimental-initial-corrupt-check and the periodic check)");
+    }
     Outcome::Exec {
         bin: init.config.etcd_bin.clone(),
-        argv: etcd_argv(&init.config, mode, &init.etcd_args),
+        argv: etcd_argv(&init.config, mode, &checks, &init.etcd_args),
     }
 }
 

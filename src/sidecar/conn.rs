@@ -94,6 +94,14 @@ impl<D: Dns, C: Connector> Connections<D, C> {
         self.remotes.get(&host).map(|(_, m)| m)
     }
 
+    /// The address `host` names now (an IP literal as it is), asked of DNS afresh.
+    pub async fn resolve(&self, host: &str) -> Option<IpAddr> {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => self.dns.lookup(host).await.first(),
+        }
+    }
+
     /// The member list as the first other pod that answers has it, with that pod's URL.
     pub async fn members_from_peers(&mut self) -> Option<(String, Vec<MemberInfo>)> {
         let me = self.identity.ordinal;

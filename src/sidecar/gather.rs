@@ -205,6 +205,7 @@ pub async fn observe<D: Dns, C: Connector>(
         previous: Vec::new(),
         backup_rounds: Vec::new(),
         archive_rounds: Vec::new(),
+        hash_checks: Vec::new(),
         peers: Vec::new(),
         scale_in: Default::default(),
         recovery_looks: Vec::new(),

@@ -130,6 +130,32 @@ pub fn assess(o: &LocalObservation) -> Health {
     }
 }
 
+/// Why member `me` is not ready when the newest check that judged it (`judged`) found its
+/// data diverged from the majority's: it is taken out of readiness at once, and stays out
+/// until a newer check finds it agreeing (or it is rebuilt under a new ID).
+pub fn diverged(judged: Option<&crate::facts::hashes::HashCheck>, me: u64) -> Option<String> {
+    use crate::facts::hashes::{Standing, Verdict};
+    let check = judged?;
+    let Standing::Diverged { hash, majority } = check.verdict.standing(me) else {
+        return None;
+    };
+    let (revision, agreeing) = match &check.verdict {
+        Verdict::Diverged(d) => (
+            d.revision,
+            d.agreeing
+                .iter()
+                .map(|m| format!("{m:x}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        _ => (0, String::new()),
+    };
+    Some(format!(
+        "data diverged: member {me:x}'s HashKV at revision {revision} is {hash:08x}, the majority's ({agreeing}) is {majority:08x} (check by {:x} at {}); it stays out of readiness until it is rebuilt from its peers",
+        check.checker, check.at
+    ))
+}
+
 /// What `init` waits for, as `/ready` and the peer report show it: only while the local
 /// etcd does not answer, and only a note newer than init's last act (`last_act`, its
 /// journal's last entry) — one left behind by an init that went on to start etcd is stale.
@@ -139,6 +165,53 @@ pub fn waiting_shown(
     last_act: Option<u64>,
 ) -> Option<crate::facts::Waiting> {
     note.filter(|w| !etcd_running && w.current(last_act))
+}
+
+#[cfg(test)]
+mod diverged_tests {
+    use super::diverged;
+    use crate::facts::hashes::{judge, Answered, HashAnswer, HashCheck, HashRound};
+
+    fn check(hashes: &[(u64, u32)]) -> HashCheck {
+        let answers: Vec<HashAnswer> = hashes
+            .iter()
+            .map(|(member, hash)| HashAnswer {
+                member: *member,
+                got: Answered::Hash {
+                    hash: *hash,
+                    compact_revision: 1,
+                },
+            })
+            .collect();
+        let round = HashRound {
+            revision: 9,
+            voters: vec![0xa, 0xb, 0xc],
+            answers: answers.clone(),
+        };
+        HashCheck {
+            at: 100,
+            checker: 0xa,
+            verdict: judge(&round),
+            answers,
+        }
+    }
+
+    #[test]
+    fn only_the_member_a_check_proved_diverged_is_not_ready_and_the_proof_is_said() {
+        let c = check(&[(0xa, 7), (0xb, 9), (0xc, 7)]);
+        let reason = diverged(Some(&c), 0xb).unwrap_or_default();
+        assert!(
+            reason.contains("data diverged: member b's HashKV at revision 9 is 00000009, the majority's (a, c) is 00000007"),
+            "{reason}"
+        );
+        assert_eq!(diverged(Some(&c), 0xa), None);
+        assert_eq!(diverged(None, 0xb), None);
+        // Three different hashes prove nothing: nobody is taken out.
+        let split = check(&[(0xa, 1), (0xb, 2), (0xc, 3)]);
+        for m in [0xa, 0xb, 0xc] {
+            assert_eq!(diverged(Some(&split), m), None);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -83,10 +83,19 @@ pub struct Sidecar<D, C: Connector, P> {
     pub recovery: Option<RecoveryDuty>,
 }
 
-impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
+impl<D, C, P> Sidecar<D, C, P>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+    P: PeerProbe,
+{
     /// Sets the loop up and registers every metric in `registry`.
     pub fn new(cfg: &Config, dns: D, connector: C, probe: P, registry: &mut Registry) -> Self {
         let id = &cfg.identity;
+        let corruption = cfg.corruption_check.map(|_| {
+            let ask = execute::corruption::asker(dns.clone(), connector.clone());
+            execute::corruption::HashChecks::new(ask, registry)
+        });
         Sidecar {
             conn: Connections::new(id.clone(), cfg.local_ip(), cfg.replicas, dns, connector),
             probe,
@@ -99,6 +108,7 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                 scale_in: None,
                 auto_recover: None,
                 events: events(cfg, registry),
+                corruption,
             },
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
@@ -147,6 +157,14 @@ impl<D: Dns, C: Connector, P: PeerProbe> Sidecar<D, C, P> {
                 health.ready.reason =
                     format!("init is waiting: {}; {}", w.reason, health.ready.reason);
             }
+        }
+        let me = seen.local.status.as_ref().map_or(0, |s| s.member_id);
+        let judged = self.jobs.corruption.as_ref().and_then(|c| c.about(me));
+        if let Some(reason) = health::diverged(judged, me) {
+            health.ready = health::Check {
+                ok: false,
+                reason: format!("{reason}; {}", health.ready.reason),
+            };
         }
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
             if !health.ready.ok {
@@ -237,6 +255,9 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
         if let Some(every) = b.archive_interval {
             planners.push(Box::new(plan::archive::Archive::new(every)));
         }
+    }
+    if let Some(every) = cfg.corruption_check {
+        planners.push(Box::new(plan::corruption::CorruptionCheck::new(every)));
     }
     planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
     if let Some(after) = cfg.auto_recover_after {
@@ -351,6 +372,14 @@ where
         &cfg.data_dir,
     );
     state.vouch = sidecar.vouch();
+    if let (Some(checks), Some(every)) = (&mut sidecar.jobs.corruption, cfg.corruption_check) {
+        state.hash_check = checks.known();
+        checks.reader = Some(execute::corruption::LeaderReader::new(
+            cfg.peer_reports(),
+            cfg.identity.clone(),
+            every,
+        ));
+    }
     // The planner (`plan::auto_recover`) waits out --auto-recover-after; the task only looks.
     if let Some((_after, dns, connector)) = auto {
         let (looks_tx, looks) = tokio::sync::mpsc::unbounded_channel();

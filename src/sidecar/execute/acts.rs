@@ -35,7 +35,8 @@ pub fn event_of(outcome: &Outcome) -> Option<(Reason, String)> {
         | Step::ArchiveRound { .. }
         | Step::SnapshotNow { .. }
         | Step::OfferRecovery { .. }
-        | Step::DisarmNospace => return None,
+        | Step::DisarmNospace
+        | Step::CheckHashes { .. } => return None,
     })
 }
 

@@ -7,6 +7,7 @@
 mod acts;
 pub mod archive;
 pub mod backup;
+pub mod corruption;
 pub mod defrag;
 pub mod scale_in;
 
@@ -21,6 +22,7 @@ use crate::etcd::{Connector, Etcd, EtcdError};
 use crate::kube_api::events::Events;
 use archive::ArchiveRounds;
 use backup::BackupRounds;
+use corruption::HashChecks;
 use defrag::defragment;
 use scale_in::ScaleInDuty;
 
@@ -39,6 +41,9 @@ pub struct Jobs {
     /// Kubernetes Events for the acts that change membership or data (off without the API
     /// or with `--events=false`).
     pub events: Events,
+    /// With `--corruption-check-interval`: the checks this sidecar runs as leader, and the
+    /// leader's verdict as read from its report.
+    pub corruption: Option<HashChecks>,
 }
 
 impl Jobs {
@@ -62,6 +67,9 @@ impl Jobs {
             .unwrap_or_default();
         if let Some(duty) = &self.scale_in {
             duty.gather(conn, seen).await;
+        }
+        if let Some(checks) = &mut self.corruption {
+            checks.gather(conn, seen).await;
         }
         if let Some(duty) = &mut self.auto_recover {
             seen.recovery_looks = duty.looks();
@@ -119,6 +127,12 @@ pub async fn execute<D: Dns, C: Connector>(
                 detail: "no backup store configured (--backup-url)".into(),
             }),
         },
+        Step::CheckHashes { .. } => corruption::start(jobs.corruption.as_ref(), &step).map_err(
+            |detail| EtcdError::Other {
+                endpoint: String::new(),
+                detail,
+            },
+        ),
         Step::OfferRecovery { id, survivor } => match &jobs.auto_recover {
             Some(duty) => {
                 duty.offer(id, survivor);
@@ -268,6 +282,12 @@ fn log(outcome: &Outcome) {
         }
         Outcome::Done(Step::DisarmNospace) => {}
         Outcome::Done(Step::OfferRecovery { .. }) => {}
+        Outcome::Done(Step::CheckHashes { voters, .. }) => {
+            tracing::debug!(voters = voters.len(), "corruption check started");
+        }
+        Outcome::Failed(Step::CheckHashes { .. }, error) => {
+            tracing::warn!(%error, "corruption check not started");
+        }
         Outcome::Failed(Step::OfferRecovery { id, .. }, error) => {
             tracing::warn!(recovery = %id, %error, "auto-recover: the request was not handed over");
         }
@@ -283,6 +303,7 @@ fn log(outcome: &Outcome) {
             | Step::Defrag { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }
+            | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },
         )
         | Outcome::NotYet(
@@ -293,6 +314,7 @@ fn log(outcome: &Outcome) {
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
             | Step::RemoveMember { .. }
+            | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },
         ) => {}
     }

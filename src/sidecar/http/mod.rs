@@ -41,6 +41,8 @@ pub struct AppState {
     pub vouch: watch::Receiver<Option<crate::facts::Vouch>>,
     /// Who may send control requests, how they are checked, and the refusals counted.
     pub control: control::Control,
+    /// The newest corruption check the loop knows, for the report.
+    pub hash_check: watch::Receiver<Option<crate::facts::hashes::HashCheck>>,
 }
 
 impl AppState {
@@ -59,6 +61,7 @@ impl AppState {
             restore: Arc::new(Inbox::default()),
             tail: Arc::new(TailCache::new(data_dir)),
             vouch: watch::channel(None).1,
+            hash_check: watch::channel(None).1,
             // Off until the sidecar says how control requests are authenticated.
             control: control::Control::unregistered(
                 crate::control::ControlAuth::Off,

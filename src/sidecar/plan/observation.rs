@@ -10,6 +10,7 @@ use std::fmt;
 
 use tokio::time::Instant;
 
+use crate::facts::hashes::HashCheck;
 use crate::facts::{ActionKind, MemberInfo, MemberStatus, Vouch};
 use crate::units::Bytes;
 
@@ -47,6 +48,9 @@ pub struct Observation {
     pub backup_rounds: Vec<RoundEnd>,
     /// The archive rounds that ended since the last tick (filled in by the loop).
     pub archive_rounds: Vec<ArchiveEnd>,
+    /// The corruption checks this sidecar started that ended since the last tick (filled
+    /// in by the loop).
+    pub hash_checks: Vec<HashCheck>,
     /// The other voters' status, asked only when the defragmentation planner needs them
     /// (filled in by the loop, see `sidecar::gather::peer_statuses`).
     pub peers: Vec<MemberStatus>,
@@ -82,6 +86,7 @@ impl Observation {
             previous: Vec::new(),
             backup_rounds: Vec::new(),
             archive_rounds: Vec::new(),
+            hash_checks: Vec::new(),
             peers: Vec::new(),
             scale_in: Default::default(),
             recovery_looks: Vec::new(),
@@ -261,6 +266,13 @@ pub enum Step {
     /// (see `plan::snapshot_guard`); it reports back through the observation of a later
     /// tick as [`RoundEnd::Requested`] `request`.
     SnapshotNow { request: u64, ordinal: u32 },
+    /// Compare every voter's `HashKV` at one common revision, in the background (see
+    /// `plan::corruption`); it reports back through the observation of a later tick
+    /// (`Observation::hash_checks`).
+    CheckHashes {
+        voters: Vec<MemberInfo>,
+        checker: u64,
+    },
     /// Hand this sidecar the recovery request `id` (survivor `survivor`, this pod) that
     /// `recover --yes` would have handed it (see `plan::auto_recover`).
     OfferRecovery { id: String, survivor: String },
