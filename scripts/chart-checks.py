@@ -19,7 +19,7 @@ constraint:
   6. the platform values land where they should; every agent option given exists
   7. NOTES.txt and the etcdctl commands of README.md and docs/**/*.md reach etcd where it
      listens (the pod's address, with the TLS flags when TLS is on), never 127.0.0.1
-  8. RBAC: the Role grants exactly the API calls src/kube_api.rs makes
+  8. RBAC: the Role grants exactly the API calls src/kube_api/ makes
   9. alerts: every description ends with its runbook, docs/operations/alerts.md#<alert>, and
      that document's Alerts table has a row for every alert carrying that anchor; they select
      the job the chart's ServiceMonitor and PodMonitor give (or metrics.alertSelector)
@@ -508,13 +508,13 @@ if not execs:
     problem(f"docs: no `kubectl … exec … etcdctl` command found in {doc_files}: is this check still looking at the docs?")
 
 # ---- 8. RBAC: exactly the calls the code makes -------------------------------------------------
-source = open("src/kube_api.rs").read()
-KINDS = {"StatefulSet": ("apps", "statefulsets"), "Pod": ("", "pods")}
+source = "".join(open(os.path.join("src/kube_api", f)).read() for f in sorted(os.listdir("src/kube_api")) if f.endswith(".rs"))
+KINDS = {"StatefulSet": ("apps", "statefulsets"), "Pod": ("", "pods"), "Event": ("events.k8s.io", "events")}
 calls = set()
 for kind, verb in re.findall(r"Api::<(\w+)>::\w+\([^)]*\)\s*\.(get|list|watch|create|delete|patch|replace)\(", source):
     calls.add(KINDS[kind] + (verb,))
-if calls != {("apps", "statefulsets", "get"), ("", "pods", "list")}:
-    problem(f"rbac: src/kube_api.rs calls {sorted(calls)}: review the Role and this check")
+if calls != {("apps", "statefulsets", "get"), ("", "pods", "list"), ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch")}:
+    problem(f"rbac: src/kube_api/ calls {sorted(calls)}: review the Role and this check")
 for where, docs in [("chart", template("etcd")), ("manifests/base", kustomize("manifests/base"))]:
     role = one(docs, "Role", where)
     if not role:

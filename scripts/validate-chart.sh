@@ -20,7 +20,7 @@
 #   7. scripts/chart-checks.py: two releases side by side select only their own pods; a subchart
 #      with global values renders; the NetworkPolicy admits exactly the ports the pods open;
 #      the control token; backup sizing against the overlays; workload identity; the platform
-#      values; NOTES.txt and the docs' etcdctl commands; RBAC against src/kube_api.rs; alert runbooks
+#      values; NOTES.txt and the docs' etcdctl commands; RBAC against src/kube_api/; alert runbooks
 #   8. encrypted backups: both containers name the same key files, each an item of a read-only
 #      projected Secret volume; the agent loads them as rendered (`backup --list` with generated
 #      keys laid out as the volume lays them out) and refuses a missing one (exit 64)
@@ -480,7 +480,9 @@ sidecar = ["etcd_steward_member_role", "etcd_steward_leader_present", "etcd_stew
            "etcd_steward_nospace_disarmed_total", "etcd_steward_certificate_expiry_timestamp_seconds",
            "etcd_steward_archive_last_revision", "etcd_steward_archive_lag_seconds",
            "etcd_steward_archive_segments_total", "etcd_steward_archive_failures_total",
-           "etcd_steward_archive_breaks_total"]
+           "etcd_steward_archive_breaks_total", "etcd_steward_corruption_checks_total",
+           "etcd_steward_corruption_check_last_success_timestamp_seconds", "etcd_steward_member_diverged",
+           "etcd_steward_members_rebuilt_total", "etcd_steward_events_failed_total"]
 etcd = ["etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes", "etcd_server_quota_backend_bytes",
         "etcd_server_has_leader", "etcd_server_is_leader", "etcd_server_leader_changes_seen_total",
         "etcd_disk_wal_fsync_duration_seconds_bucket", "etcd_disk_backend_commit_duration_seconds_bucket"]
@@ -609,22 +611,34 @@ set +e; list_keys; rc=$?; set -e
 [[ $rc -eq 64 ]] && grep -q "etcd-steward-backup-old-keys/backup.key" "$out/backup-list.log" \
     || { cat "$out/backup-list.log" >&2; die "a missing old key file: want exit 64 naming it, got $rc"; }
 
-# scaleIn.enabled=false: no Role, no API token, no preStop hook, no --scale-in (the
-# ServiceAccount stays: workload identity).
-"$helm" template etcd "$chart" --set scaleIn.enabled=false >"$out/render/no-scale-in.yaml"
-"$py" - "$out/render/no-scale-in.yaml" <<'EOF' || die "scaleIn.enabled=false checks failed (see above)"
+# scaleIn.enabled=false and events.enabled=false: no Role, no API token, no preStop hook, no
+# --scale-in, Events off (the ServiceAccount stays: workload identity). scaleIn.enabled=false
+# alone: a Role for the Events only.
+"$helm" template etcd "$chart" --set scaleIn.enabled=false --set events.enabled=false >"$out/render/no-scale-in.yaml"
+"$helm" template etcd "$chart" --set scaleIn.enabled=false >"$out/render/events-only.yaml"
+"$py" - "$out/render/no-scale-in.yaml" "$out/render/events-only.yaml" <<'EOF' || die "scaleIn.enabled=false checks failed (see above)"
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 problems = []
 kinds = sorted(d["kind"] for d in docs)
 if kinds != ["NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "Service", "ServiceAccount", "StatefulSet"]:
-    problems.append(f"scaleIn.enabled=false renders {kinds}")
+    problems.append(f"scaleIn.enabled=false, events.enabled=false renders {kinds}")
 pod = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]
 if pod.get("automountServiceAccountToken") is not False:
-    problems.append("scaleIn.enabled=false still mounts an API token")
+    problems.append("scaleIn.enabled=false, events.enabled=false still mounts an API token")
 for c in pod["containers"]:
     if "lifecycle" in c or any(e["name"].startswith("ETCD_STEWARD_SCALE_IN") for e in c.get("env", [])):
         problems.append(f"scaleIn.enabled=false: container {c['name']} still scales in")
+    if {"name": "ETCD_STEWARD_EVENTS", "value": "false"} not in c.get("env", []):
+        problems.append(f"events.enabled=false: container {c['name']} does not turn Events off")
+docs = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+role = [d for d in docs if d["kind"] == "Role"]
+rules = role[0]["rules"] if role else []
+if rules != [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]:
+    problems.append(f"scaleIn.enabled=false with Events on: the Role must grant only create and patch on events, got {rules}")
+pod = [d for d in docs if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]
+if pod.get("automountServiceAccountToken") is not True:
+    problems.append("Events on: the pod needs its API token")
 for p in problems:
     print(p, file=sys.stderr)
 sys.exit(1 if problems else 0)

@@ -182,8 +182,16 @@ auth when on. Both containers must derive the same cluster from it.
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
 - name: ETCD_STEWARD_REPLICAS
   value: {{ .Values.initialReplicas | int | quote }}
+{{- if not .Values.events.enabled }}
+- name: ETCD_STEWARD_EVENTS
+  value: "false"
+{{- end }}
 - name: ETCD_STEWARD_SERVICE
   value: {{ include "etcd-steward.name" . }}
 - name: ETCD_STEWARD_DATA_DIR
