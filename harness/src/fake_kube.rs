@@ -352,26 +352,6 @@ async fn pods(
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn equality_selectors_select_by_every_term() {
-        let labels = BTreeMap::from([
-            ("app".to_string(), "etcd".to_string()),
-            ("tier".to_string(), "db".to_string()),
-        ]);
-        assert!(selects("", &labels));
-        assert!(selects("app=etcd", &labels));
-        assert!(selects("app==etcd,tier=db", &labels));
-        assert!(!selects("app=etcd,tier=web", &labels));
-        assert!(selects("app!=web", &labels));
-        assert!(selects("tier,!debug", &labels));
-        assert!(!selects("debug", &labels));
-    }
-}
-
 fn status_response(code: StatusCode, reason: &str, message: String) -> Response {
     json_response(
         code,
@@ -545,5 +525,25 @@ fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
             }
         }
         other => *target = other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equality_selectors_select_by_every_term() {
+        let labels = BTreeMap::from([
+            ("app".to_string(), "etcd".to_string()),
+            ("tier".to_string(), "db".to_string()),
+        ]);
+        assert!(selects("", &labels));
+        assert!(selects("app=etcd", &labels));
+        assert!(selects("app==etcd,tier=db", &labels));
+        assert!(!selects("app=etcd,tier=web", &labels));
+        assert!(selects("app!=web", &labels));
+        assert!(selects("tier,!debug", &labels));
+        assert!(!selects("debug", &labels));
     }
 }

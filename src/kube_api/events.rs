@@ -499,6 +499,7 @@ async fn run<A: EventApi>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

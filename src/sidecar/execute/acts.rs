@@ -41,6 +41,7 @@ pub fn event_of(outcome: &Outcome) -> Option<(Reason, String)> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
