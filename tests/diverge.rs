@@ -82,8 +82,15 @@ async fn served_value(set: &Set, o: u32) -> Option<String> {
 }
 
 async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: Etcd) {
+    let api =
+        harness::fake_kube::FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", "etcd")
+            .await
+            .unwrap();
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    set.extra_args = vec!["--corruption-check-interval=1s".into()];
+    set.extra_args = vec![
+        "--corruption-check-interval=1s".into(),
+        format!("--kube-api-url=http://{}", api.addr()),
+    ];
     for o in 0..3 {
         start_without_initial_check(&mut set, o);
     }
@@ -170,6 +177,28 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
         || set.dump(),
     )
     .await;
+    // The changed member's own sidecar posts a MemberDiverged Event on its pod; no other
+    // pod gets one.
+    wait_for_or(
+        FOUND,
+        "a MemberDiverged Event on the changed member's pod",
+        || async {
+            api.events().iter().any(|e| {
+                e["reason"] == "MemberDiverged"
+                    && e["regarding"]["name"] == format!("etcd-{changed}").as_str()
+                    && e["type"] == "Warning"
+                    && e["note"].as_str().is_some_and(|n| n.contains(&changed_id))
+            })
+        },
+        || format!("{:#?}", api.events()),
+    )
+    .await;
+    assert!(
+        api.events().iter().all(|e| e["reason"] != "MemberDiverged"
+            || e["regarding"]["name"] == format!("etcd-{changed}").as_str()),
+        "{:#?}",
+        api.events()
+    );
     let json = status_json(&set, silent).await;
     let check = &json["corruption_check"];
     assert_eq!(check["verdict"]["outcome"], "diverged", "{check}");

@@ -92,9 +92,12 @@ where
     /// Sets the loop up and registers every metric in `registry`.
     pub fn new(cfg: &Config, dns: D, connector: C, probe: P, registry: &mut Registry) -> Self {
         let id = &cfg.identity;
+        let events = events(cfg, registry);
         let corruption = cfg.corruption_check.map(|_| {
             let ask = execute::corruption::asker(dns.clone(), connector.clone());
-            execute::corruption::HashChecks::new(ask, registry)
+            let mut checks = execute::corruption::HashChecks::new(ask, registry);
+            checks.events = events.clone();
+            checks
         });
         Sidecar {
             conn: Connections::new(id.clone(), cfg.local_ip(), cfg.replicas, dns, connector),
@@ -107,7 +110,7 @@ where
                 archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,
-                events: events(cfg, registry),
+                events,
                 corruption,
             },
             previous: Vec::new(),

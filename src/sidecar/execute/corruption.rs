@@ -186,6 +186,9 @@ pub struct HashChecks {
     shown: Option<u64>,
     /// Reads the leader's verdict (set up by `sidecar::run`; none in tests with fakes).
     pub reader: Option<LeaderReader>,
+    /// Where a verdict that this member diverged is posted (a `MemberDiverged` Event on
+    /// this pod, once per check that says so).
+    pub events: crate::kube_api::events::Events,
 }
 
 impl HashChecks {
@@ -201,6 +204,7 @@ impl HashChecks {
             about_me: None,
             shown: None,
             reader: None,
+            events: crate::kube_api::events::Events::off(),
         }
     }
 
@@ -310,6 +314,15 @@ impl HashChecks {
             && check.verdict.standing(me) != Standing::Unknown
             && newer(self.about_me.as_ref())
         {
+            let seen_before = self.about_me.as_ref().is_some_and(|h| h.at == check.at);
+            if let (Standing::Diverged { hash, majority }, false) =
+                (check.verdict.standing(me), seen_before)
+            {
+                self.events.post(
+                    crate::kube_api::events::Reason::MemberDiverged,
+                    format!("member {me:x}'s data diverged: its HashKV is {hash:08x}, the majority's {majority:08x} ({}); it is out of readiness and must be rebuilt from its peers", check.verdict),
+                );
+            }
             self.about_me = Some(check.clone());
         }
     }
