@@ -67,10 +67,11 @@ impl Drop for DrillReaper {
     }
 }
 
-/// Three pods formed, their sidecars backing up to `url`.
-async fn formed(etcd: Etcd, url: &str) -> Set {
+/// Three pods formed, their sidecars backing up to `url` (and given `more` options).
+async fn formed(etcd: Etcd, url: &str, more: &[String]) -> Set {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    let args = [format!("--backup-url={url}")];
+    let mut args = vec![format!("--backup-url={url}")];
+    args.extend(more.iter().cloned());
     for o in 0..3 {
         start(&mut set, etcd, o, &args);
     }
@@ -169,7 +170,17 @@ async fn backups_follow_the_leader_survive_a_failing_store_and_pass_the_drill(et
     let store_dir = dir.path().join("store");
     let url = format!("file://{}", store_dir.display());
     let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, &url).await;
+    // The sidecars post their Events to the fake Kubernetes API.
+    let api =
+        harness::fake_kube::FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", "etcd")
+            .await
+            .unwrap();
+    let mut set = formed(
+        etcd,
+        &url,
+        &[format!("--kube-api-url=http://{}", api.addr())],
+    )
+    .await;
     reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());
@@ -229,6 +240,23 @@ async fn backups_follow_the_leader_survive_a_failing_store_and_pass_the_drill(et
         "failures counted and retried{}",
         set.dump()
     );
+    // A new failure is a BackupFailing Event on the leader's pod (the failure that repeats
+    // with the same error is logged and posted once).
+    let leader_pod = format!("etcd-{leader}");
+    let backup_failing = || {
+        api.events()
+            .into_iter()
+            .filter(|e| e["reason"] == "BackupFailing")
+            .collect::<Vec<_>>()
+    };
+    harness::wait_for(Duration::from_secs(10), "a BackupFailing Event", || async {
+        !backup_failing().is_empty()
+    })
+    .await;
+    for e in backup_failing() {
+        assert_eq!(e["regarding"]["name"], leader_pod.as_str(), "{e:#}");
+        assert_eq!(e["type"], "Warning", "{e:#}");
+    }
     set.put_keys("during-failure", 5).await.unwrap();
     // A failing store never makes a member unready (an election meanwhile may, for a tick).
     for o in 0..3 {
@@ -307,7 +335,7 @@ fn bucket(name: &str) -> String {
 async fn leader_backs_up_into_s3_one_snapshot_per_interval() {
     let url = bucket("sidecar-backups");
     let mut reaper = DrillReaper(None);
-    let set = formed(Etcd::V3_5, &url).await;
+    let set = formed(Etcd::V3_5, &url, &[]).await;
     reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());

@@ -106,7 +106,10 @@ where
             own_peer_url: id.peer_url(id.ordinal),
             planners: planners(cfg, registry),
             jobs: Jobs {
-                backups: BackupRounds::new(cfg, registry),
+                backups: BackupRounds::new(cfg, registry).map(|mut b| {
+                    b.events = events.clone();
+                    b
+                }),
                 archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,

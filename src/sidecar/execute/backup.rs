@@ -38,6 +38,8 @@ pub struct BackupRounds {
     metrics: BackupExport,
     /// The last round's error, so a failure that repeats is logged once.
     failing: Option<String>,
+    /// Where a new failure is posted (a `BackupFailing` Event on this pod).
+    pub events: crate::kube_api::events::Events,
 }
 
 impl BackupRounds {
@@ -55,6 +57,7 @@ impl BackupRounds {
             ended_rx,
             metrics: BackupExport::register(registry),
             failing: None,
+            events: crate::kube_api::events::Events::off(),
         })
     }
 
@@ -149,6 +152,10 @@ impl BackupRounds {
             }
             (Some(e), _) => {
                 tracing::warn!(error = %e, "backup round failed; counted in etcd_steward_backup_failures_total, retried at the next round");
+                self.events.post(
+                    crate::kube_api::events::Reason::BackupFailing,
+                    format!("backup round failed (retried at the next round; counted in etcd_steward_backup_failures_total): {e}"),
+                );
             }
             (None, Some(_)) => tracing::info!("backup round succeeded again"),
             (None, None) => {}
