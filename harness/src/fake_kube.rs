@@ -402,6 +402,17 @@ fn invalid_event(e: &serde_json::Value, ns: &str) -> Option<String> {
     None
 }
 
+/// The answer to every Event call while [`FakeKube::refuse_events`] holds a status.
+fn refusal(shared: &Shared) -> Option<Response> {
+    let code = shared.held().refuse_events?;
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
+    Some(status_response(
+        code,
+        "Forbidden",
+        "events.events.k8s.io is forbidden".into(),
+    ))
+}
+
 async fn create_event(
     State(shared): State<Arc<Shared>>,
     Path(ns): Path<String>,
@@ -414,13 +425,8 @@ async fn create_event(
         &headers,
     )
     .await;
-    if let Some(code) = shared.held().refuse_events {
-        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
-        return status_response(
-            code,
-            "Forbidden",
-            "events.events.k8s.io is forbidden".into(),
-        );
+    if let Some(refused) = refusal(&shared) {
+        return refused;
     }
     let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return status_response(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
@@ -464,13 +470,8 @@ async fn patch_event(
         &headers,
     )
     .await;
-    if let Some(code) = shared.held().refuse_events {
-        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
-        return status_response(
-            code,
-            "Forbidden",
-            "events.events.k8s.io is forbidden".into(),
-        );
+    if let Some(refused) = refusal(&shared) {
+        return refused;
     }
     let merge = headers
         .get(header::CONTENT_TYPE)

@@ -191,28 +191,30 @@ impl CommonArgs {
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
+        let identity = Identity {
+            set_name,
+            ordinal,
+            service,
+            namespace: self.namespace.clone(),
+            cluster_domain: domain,
+            client_port,
+            peer_port,
+            client_scheme: if client_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            peer_scheme: if peer_tls.is_some() { "https" } else { "http" },
+        };
+        // Events regard this pod: its name, and its UID when the downward API gives it.
         let events =
             (self.kube.events && kube.is_some()).then(|| crate::kube_api::events::Regarding {
                 namespace: self.namespace.clone(),
-                pod: format!("{set_name}-{ordinal}"),
+                pod: identity.name(),
                 uid: self.kube.pod_uid.clone().filter(|u| !u.is_empty()),
             });
         Ok(Config {
-            identity: Identity {
-                set_name,
-                ordinal,
-                service,
-                namespace: self.namespace.clone(),
-                cluster_domain: domain,
-                client_port,
-                peer_port,
-                client_scheme: if client_tls.is_some() {
-                    "https"
-                } else {
-                    "http"
-                },
-                peer_scheme: if peer_tls.is_some() { "https" } else { "http" },
-            },
+            identity,
             replicas,
             data_dir: self.data_dir.clone(),
             http_port,
