@@ -40,6 +40,25 @@ pub enum EtcdError {
     Other { endpoint: String, detail: String },
 }
 
+/// The alarms the agent disarms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alarm {
+    /// The database reached its quota: etcd refuses writes.
+    Nospace,
+    /// etcd's own corruption check found members' data differ: it refuses reads and writes.
+    Corrupt,
+}
+
+impl Alarm {
+    /// How etcd names it in a member's status errors (`alarm:NOSPACE`).
+    pub fn word(self) -> &'static str {
+        match self {
+            Alarm::Nospace => "NOSPACE",
+            Alarm::Corrupt => "CORRUPT",
+        }
+    }
+}
+
 /// The calls the agent makes to one member.
 pub trait Etcd: Send + Sync {
     fn endpoint(&self) -> &str;
@@ -69,8 +88,8 @@ pub trait Etcd: Send + Sync {
     /// it starts from. A large database takes seconds to hash: asked on a connection of its
     /// own, bounded by [`HASH_TIMEOUT`].
     fn hash_kv(&self, revision: i64) -> impl Future<Output = Result<(u32, i64), EtcdError>> + Send;
-    /// Deactivates every NOSPACE alarm in the cluster; returns how many there were.
-    fn disarm_nospace(&self) -> impl Future<Output = Result<usize, EtcdError>> + Send;
+    /// Deactivates every `alarm` in the cluster; returns how many there were.
+    fn disarm(&self, alarm: Alarm) -> impl Future<Output = Result<usize, EtcdError>> + Send;
     /// Puts `key` = `value` on a new lease of `ttl_secs` unless `key` exists: the lease ID
     /// when taken, `None` when another holds it.
     fn try_lock(
@@ -483,8 +502,12 @@ impl Etcd for EtcdClientMember {
         Ok((r.hash(), r.compact_version()))
     }
 
-    async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
+    async fn disarm(&self, alarm: Alarm) -> Result<usize, EtcdError> {
         use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+        let kind = match alarm {
+            Alarm::Nospace => AlarmType::Nospace,
+            Alarm::Corrupt => AlarmType::Corrupt,
+        };
         let mut client = self.client.clone();
         let listed = client
             .alarm(AlarmAction::Get, AlarmType::None, None)
@@ -492,13 +515,13 @@ impl Etcd for EtcdClientMember {
             .map_err(|e| classify(&self.endpoint, e))?;
         let mut disarmed = 0;
         for a in listed.alarms() {
-            if a.alarm() != AlarmType::Nospace {
+            if a.alarm() != kind {
                 continue;
             }
             let mut options = AlarmOptions::new();
             options.with_member(a.member_id());
             client
-                .alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(options))
+                .alarm(AlarmAction::Deactivate, kind, Some(options))
                 .await
                 .map_err(|e| classify(&self.endpoint, e))?;
             disarmed += 1;

@@ -244,6 +244,7 @@ fn facts_for(ordinal: u32) -> Facts {
         fresh_nonce: "fresh".into(),
         recovery_request: None,
         restore_request: None,
+        rebuild_request: None,
         versions: VersionFacts::default(),
     }
 }
@@ -799,6 +800,127 @@ fn data_of_a_removed_member_is_set_aside_even_if_a_new_member_holds_our_url() {
             why: SetAsideWhy::RemovedMember
         }
     );
+}
+
+/// A rebuild request for `member`, proven by a check of voters 0xa0, 0xa1, 0xa2 answering
+/// `hashes` (in that order) at revision 40.
+fn rebuild_request(member: u64, hashes: [u32; 3]) -> etcd_steward::facts::rebuild::RebuildRequest {
+    use etcd_steward::facts::hashes::{judge, Answered, HashAnswer, HashCheck, HashRound};
+    let answers: Vec<HashAnswer> = [0xa0, 0xa1, 0xa2]
+        .into_iter()
+        .zip(hashes)
+        .map(|(member, hash)| HashAnswer {
+            member,
+            got: Answered::Hash {
+                hash,
+                compact_revision: 2,
+            },
+        })
+        .collect();
+    let verdict = judge(&HashRound {
+        revision: 40,
+        voters: vec![0xa0, 0xa1, 0xa2],
+        answers: answers.clone(),
+    });
+    etcd_steward::facts::rebuild::RebuildRequest::new(
+        member,
+        HashCheck {
+            at: 1_800_000_000,
+            checker: 0xa0,
+            answers,
+            verdict,
+        },
+        u64::MAX,
+    )
+}
+
+#[test]
+fn a_listed_member_the_majoritys_hash_proves_diverged_sets_its_data_aside_then_replaces_itself() {
+    let f = Facts {
+        data: wal_of(0xa1, CLUSTER),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        rebuild_request: Some(rebuild_request(0xa1, [7, 9, 7])),
+        ..facts()
+    };
+    let d = decide(&f);
+    assert_eq!(
+        d.action,
+        Action::SetAside {
+            why: SetAsideWhy::Diverged
+        }
+    );
+    assert_eq!(SetAsideWhy::Diverged.slug(), "diverged");
+    assert_reason(&d, &["a1", "diverged", "00000007", "not deleted"]);
+    // The data is aside: the volume is empty, the cluster still lists the old member, which
+    // is replaced (never reused: a new member ID).
+    let after = Facts {
+        data: DataDirState::empty(),
+        ..f
+    };
+    assert!(
+        matches!(decide(&after).action, Action::Replace { stale, .. } if stale.id == 0xa1),
+        "{:?}",
+        decide(&after)
+    );
+}
+
+#[test]
+fn a_rebuild_request_without_a_standing_proof_never_sets_a_listed_members_data_aside() {
+    let listed = || Facts {
+        data: wal_of(0xa1, CLUSTER),
+        cluster: healthy_with(started_voter(0xa1, 1)),
+        ..facts()
+    };
+    let restarts = |f: Facts, what: &str| {
+        let d = decide(&f);
+        assert_eq!(d.action, Action::Restart, "{what}: {d:?}");
+    };
+    // Three different hashes: no majority.
+    restarts(
+        Facts {
+            rebuild_request: Some(rebuild_request(0xa1, [7, 9, 8])),
+            ..listed()
+        },
+        "no majority",
+    );
+    // The proof names another member.
+    restarts(
+        Facts {
+            rebuild_request: Some(rebuild_request(0xa2, [7, 7, 9])),
+            ..listed()
+        },
+        "another member",
+    );
+    // Its verdict is not the one its answers give.
+    let mut forged = rebuild_request(0xa1, [7, 9, 7]);
+    forged.check.answers[1] = forged.check.answers[0].clone();
+    forged.check.answers[1].member = 0xa1;
+    restarts(
+        Facts {
+            rebuild_request: Some(forged),
+            ..listed()
+        },
+        "a forged verdict",
+    );
+    // A voter joined since the check: its majority is another one's.
+    let mut grown = listed();
+    if let ClusterFacts::Healthy(v) = &mut grown.cluster {
+        v.members.push(started_voter(0xa3, 3));
+    }
+    restarts(
+        Facts {
+            rebuild_request: Some(rebuild_request(0xa1, [7, 9, 7])),
+            ..grown
+        },
+        "another membership",
+    );
+    // No cluster answers: the data stays, whatever the request says.
+    let d = decide(&Facts {
+        cluster: not_reached(),
+        rebuild_request: Some(rebuild_request(0xa1, [7, 9, 7])),
+        ..listed()
+    });
+    assert!(!matches!(d.action, Action::SetAside { .. }), "{d:?}");
 }
 
 #[test]
@@ -2482,6 +2604,7 @@ mod invariants {
                 fresh_nonce: fresh,
                 recovery_request,
                 restore_request: restore,
+                rebuild_request: None,
                 versions,
             }
         }

@@ -8,6 +8,13 @@
 //!   the majority's hash within a few `--corruption-check-interval`s: the metric, its own
 //!   `/ready` and `status` say so; the healthy members stay ready and are not flagged.
 //!
+//! - Then its sidecar, told by the leader's (authenticated as every control request), stops
+//!   it; `init` sets its data aside under `set-aside/<time>-diverged/` and it joins again
+//!   as a new member: every member's `HashKV` agrees and none serves the changed value.
+//!   The same when the leader's own data is the changed one, and when etcd's own check
+//!   raised its `CORRUPT` alarm first (disarmed once every voter agrees). Without a way to
+//!   authenticate the request (no token, no peer TLS), nothing is rebuilt.
+//!
 //! The changed member's etcd is started with `--experimental-initial-corrupt-check=false`
 //! (a user's flag keeps its value): with `init`'s default, etcd itself refuses to start on
 //! such data (`etcd_refuses_to_start_on_data_that_differs_from_its_peers`).
@@ -31,6 +38,8 @@ const VALUE: &str = "value-original-0123456789abcdef";
 const FROM: &[u8] = b"original";
 const TO: &[u8] = b"tampered";
 const NO_INITIAL_CHECK: &str = "--experimental-initial-corrupt-check=false";
+/// A rebuild: a stop, a restart of `init`, a replacement, a learner's catch-up.
+const REBUILT: Duration = Duration::from_secs(120);
 
 /// Starts pod `o` (name published, sidecar, init) with etcd's initial check off.
 fn start_without_initial_check(set: &mut Set, o: u32) {
@@ -91,6 +100,9 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
         "--corruption-check-interval=1s".into(),
         format!("--kube-api-url=http://{}", api.addr()),
     ];
+    // Control requests off (no token, no peer TLS): the leader cannot tell the diverged
+    // member's sidecar, so nothing is rebuilt and the verdict stands.
+    set.control_token = None;
     for o in 0..3 {
         start_without_initial_check(&mut set, o);
     }
@@ -255,7 +267,218 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!set.ready(changed).await, "still out of readiness");
+    assert_eq!(
+        format!("{:x}", set.member_id(changed).await.unwrap()),
+        changed_id,
+        "not rebuilt without an authenticated request"
+    );
+    assert!(
+        set.logs(checker).contains("rebuild request refused"),
+        "the leader's sidecar says the request was refused"
+    );
     set.shutdown().await;
+}
+
+/// Which member's database file a rebuild scenario changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Changed {
+    /// A follower, with etcd's own periodic check on (it raises `CORRUPT`).
+    Follower,
+    /// The leader: its own sidecar's check finds it diverged.
+    Leader,
+}
+
+/// Every member's `HashKV` at the lowest current revision among them.
+async fn hashes(set: &Set) -> Vec<(u32, i64)> {
+    let mut lowest = i64::MAX;
+    for o in 0..3 {
+        lowest = lowest.min(set.revision(o).await.unwrap_or(0));
+    }
+    let mut out = Vec::new();
+    for o in 0..3 {
+        let mut c = set.client(o).await.unwrap();
+        let h = c.hash_kv(lowest).await.unwrap();
+        out.push((h.hash(), h.compact_version()));
+    }
+    out
+}
+
+async fn corrupt_alarm(set: &Set, o: u32) -> bool {
+    let Ok(mut c) = set.client(o).await else {
+        return false;
+    };
+    c.alarm(
+        etcd_client::AlarmAction::Get,
+        etcd_client::AlarmType::None,
+        None,
+    )
+    .await
+    .is_ok_and(|r| {
+        r.alarms()
+            .iter()
+            .any(|a| a.alarm() == etcd_client::AlarmType::Corrupt)
+    })
+}
+
+async fn a_diverged_member_is_rebuilt_from_its_peers(etcd: Etcd, which: Changed) {
+    let api =
+        harness::fake_kube::FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", "etcd")
+            .await
+            .unwrap();
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    let kube = format!("--kube-api-url=http://{}", api.addr());
+    // The sidecars' check is off until the changed member is in place.
+    set.extra_args = vec!["--corruption-check-interval=0".into(), kube.clone()];
+    let etcd_check: &[&str] = match which {
+        Changed::Follower => &[NO_INITIAL_CHECK, "--experimental-corrupt-check-time=1s"],
+        Changed::Leader => &[NO_INITIAL_CHECK],
+    };
+    let start = |set: &mut Set, o: u32| {
+        set.set_dns(o, true).unwrap();
+        set.start_sidecar(o).unwrap();
+        set.start_init_with(o, etcd_check).unwrap();
+    };
+    for o in 0..3 {
+        start(&mut set, o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let mut c = set.any_client().await.unwrap();
+    c.put(KEY, VALUE, None).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = set.leader().await.unwrap();
+    let changed = match which {
+        Changed::Leader => leader,
+        Changed::Follower => (0..3).find(|o| *o != leader).unwrap(),
+    };
+    let old = set.member_id(changed).await.unwrap();
+    set.kill(changed).await.unwrap();
+    assert!(change_db(set.data_dir(changed)) >= 1);
+    start(&mut set, changed);
+    wait_for_or(
+        FOUND,
+        "the changed member serves its changed value",
+        || async {
+            served_value(&set, changed).await.as_deref() == Some("value-tampered-0123456789abcdef")
+        },
+        || set.dump(),
+    )
+    .await;
+    let mut alarm_seen = false;
+    if which == Changed::Leader {
+        // Leadership back to the changed member: its own check judges it.
+        wait_for_or(
+            FOUND,
+            "the changed member leads",
+            || async {
+                if set.leader().await.ok() == Some(changed) {
+                    return true;
+                }
+                if let Ok(now) = set.leader().await {
+                    if let Ok(mut c) = set.client(now).await {
+                        let _ = c.move_leader(old).await;
+                    }
+                }
+                false
+            },
+            || set.dump(),
+        )
+        .await;
+    } else {
+        wait_for_or(
+            FOUND,
+            "etcd's own check raises CORRUPT",
+            || async { corrupt_alarm(&set, leader).await },
+            || set.dump(),
+        )
+        .await;
+        alarm_seen = true;
+    }
+    // The sidecars' check on.
+    set.extra_args = vec!["--corruption-check-interval=1s".into(), kube];
+    for o in 0..3 {
+        set.kill_sidecar(o).await;
+        set.start_sidecar(o).unwrap();
+    }
+    // Rebuilt: a new member serves here as a ready voter, and every member's hash agrees.
+    let end = tokio::time::Instant::now() + REBUILT;
+    loop {
+        set.restart_exited().unwrap();
+        let new = set.member_id(changed).await.ok();
+        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
+            let h = hashes(&set).await;
+            if h.iter().all(|x| *x == h[0]) {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "not rebuilt within {REBUILT:?}{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let new = set.member_id(changed).await.unwrap();
+    assert_ne!(new, old, "an empty member never reuses its old member ID");
+    for o in 0..3 {
+        assert_eq!(
+            served_value(&set, o).await.as_deref(),
+            Some(VALUE),
+            "pod {o} serves the value that was written"
+        );
+    }
+    // The changed file is kept, under set-aside/<time>-diverged/.
+    let aside: Vec<_> = std::fs::read_dir(set.data_dir(changed).join("set-aside"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with("-diverged"))
+        .collect();
+    assert_eq!(aside.len(), 1, "one set-aside for the rebuild");
+    let db = std::fs::read(aside[0].path().join("member/snap/db")).unwrap();
+    assert!(
+        db.windows(TO.len()).any(|w| w == TO),
+        "the changed database file is kept"
+    );
+    let m = metrics(&set, changed).await;
+    assert!(m.contains("etcd_steward_members_rebuilt_total 1"), "{m}");
+    wait_for_or(
+        FOUND,
+        "a MemberRebuilt Event on the changed member's pod",
+        || async {
+            api.events().iter().any(|e| {
+                e["reason"] == "MemberRebuilt"
+                    && e["regarding"]["name"] == format!("etcd-{changed}").as_str()
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains(&format!("{old:x}")) && n.contains("diverged"))
+            })
+        },
+        || format!("{:#?}", api.events()),
+    )
+    .await;
+    if alarm_seen {
+        wait_for_or(
+            FOUND,
+            "CORRUPT disarmed once every voter agrees",
+            || async {
+                let l = set.leader().await.unwrap_or(0);
+                !corrupt_alarm(&set, l).await
+            },
+            || set.dump(),
+        )
+        .await;
+        let mut c = set.any_client().await.unwrap();
+        c.put("after/rebuild", "writes resume", None).await.unwrap();
+    }
+    set.shutdown().await;
+}
+
+async fn a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared(etcd: Etcd) {
+    a_diverged_member_is_rebuilt_from_its_peers(etcd, Changed::Follower).await;
+}
+
+async fn a_diverged_leader_is_rebuilt_from_its_peers(etcd: Etcd) {
+    a_diverged_member_is_rebuilt_from_its_peers(etcd, Changed::Leader).await;
 }
 
 /// With `init`'s defaults, etcd's own check at start compares its hash with its peers' and
@@ -302,5 +525,7 @@ async fn etcd_refuses_to_start_on_data_that_differs_from_its_peers(etcd: Etcd) {
 harness::per_etcd_version!(
     [V3_5Current, V3_4, V3_5]:
     a_changed_follower_is_found_diverged_only_with_a_majoritys_proof,
-    etcd_refuses_to_start_on_data_that_differs_from_its_peers
+    etcd_refuses_to_start_on_data_that_differs_from_its_peers,
+    a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared,
+    a_diverged_leader_is_rebuilt_from_its_peers
 );

@@ -969,6 +969,13 @@ mod control {
             let r = self.0.clone();
             Box::pin(async move { r })
         }
+        fn rebuild<'a>(
+            &'a self,
+            _: &'a etcd_steward::facts::rebuild::RebuildRequest,
+        ) -> BoxFuture<'a, Result<(), String>> {
+            let r = self.0.clone();
+            Box::pin(async move { r })
+        }
     }
 
     struct Peer {
@@ -1010,6 +1017,38 @@ mod control {
 
     fn restore_body(id: &str, expires_unix: u64) -> String {
         serde_json::json!({"id": id, "snapshot": "20260101T000000.000Z-r5", "expires_unix": expires_unix}).to_string()
+    }
+
+    /// A rebuild request for member c, proven by a check in which a and b agree.
+    fn rebuild_body(expires_unix: u64) -> String {
+        use etcd_steward::facts::hashes::{judge, Answered, HashAnswer, HashCheck, HashRound};
+        let answers: Vec<HashAnswer> = [(0xa, 1), (0xb, 1), (0xc, 2)]
+            .into_iter()
+            .map(|(member, hash)| HashAnswer {
+                member,
+                got: Answered::Hash {
+                    hash,
+                    compact_revision: 1,
+                },
+            })
+            .collect();
+        let verdict = judge(&HashRound {
+            revision: 9,
+            voters: vec![0xa, 0xb, 0xc],
+            answers: answers.clone(),
+        });
+        let check = HashCheck {
+            at: 1,
+            checker: 0xa,
+            answers,
+            verdict,
+        };
+        serde_json::to_string(&etcd_steward::facts::rebuild::RebuildRequest::new(
+            0xc,
+            check,
+            expires_unix,
+        ))
+        .unwrap_or_default()
     }
 
     fn recovery_body(id: &str, expires_unix: u64) -> String {
@@ -1059,6 +1098,7 @@ mod control {
         for (path, body) in [
             ("/peer/recovery", recovery_body("r1", now() + 60)),
             ("/peer/restore", restore_body("s1", now() + 60)),
+            ("/peer/rebuild", rebuild_body(now() + 60)),
         ] {
             let (status, _) = p
                 .post(plain_port(p.state.clone()), path, Some(TOKEN), body)
@@ -1078,6 +1118,7 @@ mod control {
             for (path, body) in [
                 ("/peer/recovery", recovery_body("r1", now() + 60)),
                 ("/peer/restore", restore_body("s1", now() + 60)),
+                ("/peer/rebuild", rebuild_body(now() + 60)),
             ] {
                 let (status, text) = p.to_peer_port(path, bearer, body).await?;
                 assert_eq!(
@@ -1087,16 +1128,23 @@ mod control {
                 );
             }
         }
-        assert_eq!(p.refused(Refused::Unauthenticated), 6);
+        assert_eq!(p.refused(Refused::Unauthenticated), 9);
         assert!(
             p.metrics()?.contains(
-                "etcd_steward_control_requests_refused_total{reason=\"unauthenticated\"} 6"
+                "etcd_steward_control_requests_refused_total{reason=\"unauthenticated\"} 9"
             ),
             "{}",
             p.metrics()?
         );
         assert_eq!(p.state.recovery.current(), None);
         assert_eq!(p.state.restore.current(), None);
+        assert_eq!(p.state.rebuild.current(), None);
+        // With the token, the same rebuild request is held (the check is scripted here).
+        let (status, text) = p
+            .to_peer_port("/peer/rebuild", Some(TOKEN), rebuild_body(now() + 60))
+            .await?;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+        assert_eq!(p.state.rebuild.held_id().as_deref(), Some("rebuild-c"));
         Ok(())
     }
 

@@ -187,12 +187,23 @@ fn decide_with_data(f: &Facts) -> Decision {
                     now: f.peer_url.clone(),
                 },
             ),
-            Some(_) => decision(
-                Action::Restart,
-                Why::OwnMemberListed {
-                    member: wal.member_id,
-                },
-            ),
+            Some(_) => match diverged(f, view, wal.member_id) {
+                Some(proof) => decision(
+                    Action::SetAside {
+                        why: SetAsideWhy::Diverged,
+                    },
+                    Why::MemberDiverged {
+                        member: wal.member_id,
+                        proof,
+                    },
+                ),
+                None => decision(
+                    Action::Restart,
+                    Why::OwnMemberListed {
+                        member: wal.member_id,
+                    },
+                ),
+            },
             None => decision(
                 Action::SetAside {
                     why: SetAsideWhy::RemovedMember,
@@ -211,6 +222,32 @@ fn decide_with_data(f: &Facts) -> Decision {
             Why::UnreadableWalNotListed,
         ),
     }
+}
+
+/// The proof, in words, that member `member` (this volume's, listed by a healthy cluster)
+/// diverged from the majority: a rebuild request this pod's own sidecar holds for it, whose
+/// proof stands against the voters the cluster lists now (see [`crate::facts::rebuild`]).
+/// Nothing else ever sets aside the data of a member the cluster still lists.
+fn diverged(f: &Facts, view: &ClusterView, member: u64) -> Option<String> {
+    let request = f.rebuild_request.as_ref().filter(|r| r.member == member)?;
+    let voters: Vec<u64> = view
+        .members
+        .iter()
+        .filter(|m| !m.is_learner)
+        .map(|m| m.id)
+        .collect();
+    crate::facts::rebuild::proves(request, &voters)
+        .ok()
+        .map(|d| {
+            format!(
+                "at revision {} a strict majority of {} voters answered HashKV {:08x}; the check by {:x} ended at unix {}",
+                d.revision,
+                d.voters.len(),
+                d.majority_hash,
+                request.check.checker,
+                request.check.at
+            )
+        })
 }
 
 /// With data and no cluster answering: a recovery this volume is the survivor of. Either

@@ -19,6 +19,9 @@ pub enum SetAsideWhy {
     RestoreRequested,
     /// This pod left the cluster (`etcd-steward leave --yes`) and its member is removed.
     Left,
+    /// Its data diverged from the majority's (the leader's corruption check proves it): it
+    /// is rebuilt from its peers.
+    Diverged,
 }
 
 impl SetAsideWhy {
@@ -30,6 +33,7 @@ impl SetAsideWhy {
             SetAsideWhy::NotAMember => "not-a-member",
             SetAsideWhy::RestoreRequested => "restore-requested",
             SetAsideWhy::Left => "left",
+            SetAsideWhy::Diverged => "diverged",
         }
     }
 }
@@ -264,6 +268,12 @@ pub enum Why {
     LeftAndRemoved {
         member: u64,
     },
+    /// This member's data diverged from the majority's: the check that proves it, as the
+    /// leader's sidecar handed it to this pod's.
+    MemberDiverged {
+        member: u64,
+        proof: String,
+    },
     /// A restore request stands and this volume is empty, but a cluster answers that is
     /// not this pod's formation waiting for it.
     RestoreWhileAClusterAnswers {
@@ -385,6 +395,7 @@ impl std::fmt::Display for Why {
             Why::PeerUrlChanged { member, listed, now } => write!(f, "the cluster lists this pod's member {member:x} at {}, but its peer URL is now {now}: the member entry is updated (MemberUpdate), keeping its ID and data, then etcd restarts", listed.join(", ")),
             Why::RestoreWhileAClusterAnswers { id, cluster } => write!(f, "restore {id}: this volume is empty, but cluster {cluster:x} answers and does not wait for this pod as a member it never started: it is the cluster being replaced (its members set their data aside first), or this pod's member of it started before and its volume was lost since (that member ID is never reused). Waiting: this pod forms the new cluster once no cluster answers, or, after the request expires, joins the one that does"),
             Why::RestoreNotSeen { id, snapshot, problem, then } => write!(f, "restore {id} to snapshot {snapshot} was requested, but this pod cannot see that snapshot usable ({problem}): its data stays (decided: {}, {})", then.action.name(), then.why),
+            Why::MemberDiverged { member, proof } => write!(f, "member {member:x}'s data diverged from the majority's ({proof}): its data is set aside (renamed, not deleted) and it joins again as a new member, rebuilt from its peers"),
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod backups;
 pub mod hashes;
+pub mod rebuild;
 pub use backups::*;
 
 /// Member and cluster IDs as etcd prints them: lowercase hex.
@@ -328,6 +329,10 @@ pub struct PeerReport {
     /// the leader's as it last read it): see [`hashes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_check: Option<hashes::HashCheck>,
+    /// The rebuild of this pod's member (its data diverged from the majority's) that its
+    /// sidecar holds: see [`rebuild`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_request: Option<rebuild::RebuildRequest>,
 }
 
 /// What `init` is waiting for (`member/steward/waiting.json`): written when the reason
@@ -401,6 +406,9 @@ pub struct Facts {
     pub recovery_request: Option<RecoveryRequest>,
     /// A restore of the live cluster to a snapshot, as a sidecar holds it.
     pub restore_request: Option<RestoreRequest>,
+    /// The rebuild of this pod's member that its own sidecar holds (this member's data
+    /// diverged from the majority's): never a peer's.
+    pub rebuild_request: Option<rebuild::RebuildRequest>,
     /// The etcd release this pod would start, and the releases its peers run.
     pub versions: VersionFacts,
 }

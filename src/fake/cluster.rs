@@ -512,13 +512,13 @@ impl Etcd for FakeMember {
             .await
     }
 
-    async fn disarm_nospace(&self) -> Result<usize, EtcdError> {
+    async fn disarm(&self, alarm: crate::etcd::Alarm) -> Result<usize, EtcdError> {
         self.call(Op::DisarmNospace, None, |s, e| {
             s.voter_with_leader(e)?;
             let mut n = 0;
             for m in &mut s.members {
                 let before = m.errors.len();
-                m.errors.retain(|x| !x.contains("NOSPACE"));
+                m.errors.retain(|x| !x.contains(alarm.word()));
                 n += before - m.errors.len();
             }
             Ok(n)

@@ -227,6 +227,7 @@ where
             fresh_nonce,
             recovery_request,
             restore_request,
+            rebuild_request: own_report.as_ref().and_then(|r| r.rebuild_request.clone()),
             versions,
         })
     }
@@ -316,8 +317,9 @@ pub fn cluster_deadline(
     if !has_data {
         return CLUSTER_DEADLINE_EMPTY;
     }
-    let request_held =
-        own_report.is_some_and(|r| r.recovery_request.is_some() || r.restore_request.is_some());
+    let request_held = own_report.is_some_and(|r| {
+        r.recovery_request.is_some() || r.restore_request.is_some() || r.rebuild_request.is_some()
+    });
     let sidecar_vouch = own_report.and_then(|r| r.vouch.as_ref());
     let (Some(wal), false) = (wal, request_held) else {
         return CLUSTER_DEADLINE_WITH_DATA;

@@ -6,7 +6,12 @@
 //!   seconds, so a flood of requests costs one listing;
 //! - a recovery: the survivor and every pod declared lost must be pods of this set; in the
 //!   survivor's own pod (the only one that stops anything) the plan this pod makes from its
-//!   own observations, as `recover` does, must name the same survivor and ID.
+//!   own observations, as `recover` does, must name the same survivor and ID;
+//! - a rebuild (this member's data diverged): this pod's etcd must be the member the
+//!   request names and see a leader, no learner may be joining (one member at a time), the
+//!   proof must stand against the member list now ([`crate::facts::rebuild::proves`]), and
+//!   this member's own `HashKV` at the proof's revision must still differ from the
+//!   majority's ([`crate::facts::rebuild::confirmed`]).
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +21,8 @@ use crate::backup::store::Store;
 use crate::config::Config;
 use crate::decision::Why;
 use crate::dns::Dns;
-use crate::etcd::Connector;
+use crate::etcd::{Connector, Etcd};
+use crate::facts::rebuild::{confirmed, proves, RebuildRequest};
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
 use crate::observe::{list_backups, HttpReports, Observer};
 use crate::sidecar::http::control::CheckRequests;
@@ -30,6 +36,8 @@ pub struct Checks<D, C> {
     obs: Observer<D, C, HttpReports>,
     store: Option<Store>,
     listing: tokio::sync::Mutex<Option<(Instant, BackupFacts)>>,
+    /// Where this pod's etcd answers (the rebuild's own look).
+    local_ip: std::net::IpAddr,
 }
 
 impl<D, C> Checks<D, C>
@@ -49,6 +57,7 @@ where
             obs: cfg.observer(dns, connector),
             store,
             listing: tokio::sync::Mutex::new(None),
+            local_ip: cfg.local_ip(),
         }
     }
 
@@ -134,6 +143,46 @@ where
     }
 }
 
+impl<D, C> Checks<D, C>
+where
+    D: Dns + Clone + 'static,
+    C: Connector + Clone + 'static,
+{
+    async fn check_rebuild(&self, r: &RebuildRequest) -> Result<(), String> {
+        let id = &self.obs.pod.identity;
+        let local = self
+            .obs
+            .connector
+            .connect(&id.host(id.ordinal), self.local_ip, id.client_port)
+            .await
+            .map_err(|e| format!("this pod's etcd does not answer: {e}"))?;
+        let status = local
+            .status()
+            .await
+            .map_err(|e| format!("this pod's etcd does not answer: {e}"))?;
+        if status.member_id != r.member {
+            return Err(format!(
+                "this pod's member is {:x}, not {:x}",
+                status.member_id, r.member
+            ));
+        }
+        if status.leader == 0 {
+            return Err("this pod's etcd sees no leader: nothing is rebuilt without quorum".into());
+        }
+        let (_, members) = local
+            .members()
+            .await
+            .map_err(|e| format!("this pod's etcd does not list the members: {e}"))?;
+        if members.iter().any(|m| m.is_learner) {
+            return Err("a learner is joining: one member is rebuilt at a time".into());
+        }
+        let voters: Vec<u64> = members.iter().map(|m| m.id).collect();
+        let d = proves(r, &voters)?;
+        let own = local.hash_kv(d.revision).await.map_err(|e| e.to_string());
+        confirmed(d, own)
+    }
+}
+
 impl<D, C> CheckRequests for Checks<D, C>
 where
     D: Dns + Clone + 'static,
@@ -145,5 +194,9 @@ where
 
     fn restore<'a>(&'a self, request: &'a RestoreRequest) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(self.check_restore(request))
+    }
+
+    fn rebuild<'a>(&'a self, request: &'a RebuildRequest) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(self.check_rebuild(request))
     }
 }

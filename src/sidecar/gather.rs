@@ -209,6 +209,7 @@ pub async fn observe<D: Dns, C: Connector>(
         peers: Vec::new(),
         scale_in: Default::default(),
         recovery_looks: Vec::new(),
+        diverged: false,
     }
 }
 

@@ -11,6 +11,7 @@ pub mod gather;
 pub mod health;
 pub mod http;
 pub mod plan;
+pub mod rebuild;
 pub mod recovery;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
@@ -81,6 +82,8 @@ pub struct Sidecar<D, C: Connector, P> {
     certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
+    /// The rebuild of this pod's member (its data diverged), when the leader asked for it.
+    pub rebuild: rebuild::RebuildDuty,
 }
 
 impl<D, C, P> Sidecar<D, C, P>
@@ -99,6 +102,8 @@ where
             checks.events = events.clone();
             checks
         });
+        let mut rebuild = rebuild::RebuildDuty::new(&cfg.data_dir, registry);
+        rebuild.events = events.clone();
         Sidecar {
             conn: Connections::new(id.clone(), cfg.local_ip(), cfg.replicas, dns, connector),
             probe,
@@ -114,6 +119,9 @@ where
                 scale_in: None,
                 auto_recover: None,
                 events,
+                rebuild: corruption
+                    .as_ref()
+                    .map(|_| execute::rebuild::Teller::new(cfg)),
                 corruption,
             },
             previous: Vec::new(),
@@ -124,6 +132,7 @@ where
             tls: cfg.etcd.tls.iter().chain(&cfg.peer_tls).cloned().collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
+            rebuild,
         }
     }
 
@@ -166,10 +175,28 @@ where
         }
         let me = seen.local.status.as_ref().map_or(0, |s| s.member_id);
         let judged = self.jobs.corruption.as_ref().and_then(|c| c.about(me));
+        seen.diverged = judged.is_some_and(|c| {
+            matches!(
+                c.verdict.standing(me),
+                crate::facts::hashes::Standing::Diverged { .. }
+            )
+        });
         if let Some(reason) = health::diverged(judged, me) {
             health.ready = health::Check {
                 ok: false,
                 reason: format!("{reason}; {}", health.ready.reason),
+            };
+        }
+        let serving = seen
+            .local
+            .status
+            .as_ref()
+            .ok()
+            .map(|s| (s.member_id, s.is_learner));
+        if let Some(text) = self.rebuild.tick(serving) {
+            health.ready = health::Check {
+                ok: false,
+                reason: format!("{text}; {}", health.ready.reason),
             };
         }
         if let Some(text) = self.recovery.as_mut().and_then(RecoveryDuty::tick) {
@@ -264,6 +291,9 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
     }
     if let Some(every) = cfg.corruption_check {
         planners.push(Box::new(plan::corruption::CorruptionCheck::new(every)));
+        planners.push(Box::new(plan::rebuild::Rebuild::new(
+            crate::control::REQUEST_TTL,
+        )));
     }
     planners.push(Box::new(plan::defrag::Defrag::new(cfg.defrag, registry)));
     if let Some(after) = cfg.auto_recover_after {
@@ -378,6 +408,7 @@ where
         &cfg.data_dir,
     );
     state.vouch = sidecar.vouch();
+    state.rebuild = sidecar.rebuild.inbox.clone();
     if let (Some(checks), Some(every)) = (&mut sidecar.jobs.corruption, cfg.corruption_check) {
         state.hash_check = checks.known();
         checks.reader = Some(execute::corruption::LeaderReader::new(

@@ -60,6 +60,18 @@ impl Expiring for crate::facts::RestoreRequest {
     }
 }
 
+impl Expiring for crate::facts::rebuild::RebuildRequest {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn expires_unix(&self) -> u64 {
+        self.expires_unix
+    }
+    fn set_expires_unix(&mut self, at: u64) {
+        self.expires_unix = at;
+    }
+}
+
 /// The request this sidecar holds.
 pub struct Inbox<T> {
     held: Mutex<Option<T>>,
@@ -91,7 +103,7 @@ impl<T: Expiring> Inbox<T> {
     pub fn offer(&self, request: T) {
         if let Ok(mut held) = self.held.lock() {
             if held.as_ref() != Some(&request) {
-                tracing::warn!(request = ?request, "request from an operator's command held until it expires");
+                tracing::warn!(request = ?request, "control request held until it is done or expires");
             }
             *held = Some(request);
         }
@@ -108,9 +120,18 @@ impl<T: Expiring> Inbox<T> {
             Some(h) if h.id() == request.id() => Taken::AlreadyHeld,
             Some(h) => Taken::Conflict(h.id().to_string()),
             None => {
-                tracing::warn!(request = ?request, "request from an operator's command held until it expires");
+                tracing::warn!(request = ?request, "control request held until it is done or expires");
                 *held = Some(request);
                 Taken::Held
+            }
+        }
+    }
+
+    /// Drops request `id` once it is done (another one held is kept).
+    pub fn clear(&self, id: &str) {
+        if let Ok(mut held) = self.held.lock() {
+            if held.as_ref().is_some_and(|h| h.id() == id) {
+                *held = None;
             }
         }
     }

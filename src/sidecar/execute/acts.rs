@@ -36,6 +36,8 @@ pub fn event_of(outcome: &Outcome) -> Option<(Reason, String)> {
         | Step::SnapshotNow { .. }
         | Step::OfferRecovery { .. }
         | Step::DisarmNospace
+        | Step::DisarmCorrupt
+        | Step::TellRebuild { .. }
         | Step::CheckHashes { .. } => return None,
     })
 }

@@ -379,7 +379,6 @@ pub struct CorruptionExport {
     checks: Family<OutcomeLabel, Counter>,
     last_success: OptionalSeconds,
     diverged: Family<MemberLabel, Gauge>,
-    rebuilt: Counter,
 }
 
 impl CorruptionExport {
@@ -400,11 +399,6 @@ impl CorruptionExport {
             "etcd_steward_member_diverged",
             "1 for a member the newest corruption check this sidecar knows found diverged from the majority's hash, 0 for one that agreed",
             m.diverged.clone(),
-        );
-        registry.register(
-            "etcd_steward_members_rebuilt",
-            "Members rebuilt from their peers after their data diverged",
-            m.rebuilt.clone(),
         );
         m
     }

@@ -9,6 +9,7 @@ pub mod archive;
 pub mod backup;
 pub mod corruption;
 pub mod defrag;
+pub mod rebuild;
 pub mod scale_in;
 
 use tokio::sync::watch;
@@ -44,6 +45,9 @@ pub struct Jobs {
     /// With `--corruption-check-interval`: the checks this sidecar runs as leader, and the
     /// leader's verdict as read from its report.
     pub corruption: Option<HashChecks>,
+    /// With `--corruption-check-interval`: hands a diverged member's sidecar its rebuild
+    /// request.
+    pub rebuild: Option<rebuild::Teller>,
 }
 
 impl Jobs {
@@ -186,8 +190,39 @@ pub async fn execute<D: Dns, C: Connector>(
                 Err(e) => Err(e),
             }
         }
+        Step::TellRebuild { target, request } => match (&jobs.rebuild, &jobs.rebuild.as_ref().and_then(|t| t.pod_of(&target.peer_urls))) {
+            (Some(teller), Some((pod, host))) => match conn.resolve(host).await {
+                Some(ip) => {
+                    teller.tell(pod.clone(), host.clone(), ip, request);
+                    Ok(())
+                }
+                None => Err(EtcdError::Other {
+                    endpoint: host.clone(),
+                    detail: format!("{host} does not resolve: the rebuild request is not sent"),
+                }),
+            },
+            (None, _) => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "rebuilds are off (--corruption-check-interval=0)".into(),
+            }),
+            (Some(_), None) => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: format!(
+                    "member {:x}'s peer URLs {:?} name no pod of this set",
+                    target.id, target.peer_urls
+                ),
+            }),
+        },
+        Step::DisarmCorrupt => match conn.local().await {
+            Ok(local) => local.disarm(crate::etcd::Alarm::Corrupt).await.map(|n| {
+                if n > 0 {
+                    tracing::warn!(alarms = n, "CORRUPT disarmed: every voter answered the majority's HashKV (the members the alarm named were rebuilt, or agree)");
+                }
+            }),
+            Err(e) => Err(e),
+        },
         Step::DisarmNospace => match conn.local().await {
-            Ok(local) => local.disarm_nospace().await.map(|n| {
+            Ok(local) => local.disarm(crate::etcd::Alarm::Nospace).await.map(|n| {
                 if n > 0 {
                     tracing::warn!(alarms = n, "NOSPACE disarmed: every member's database file is under the quota with margin after defragmentation; writes resume");
                     jobs.events.post(
@@ -280,7 +315,16 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::Defrag { why, .. }, error) => {
             tracing::warn!(why = %why, %error, "defragmentation failed; retrying after a pause");
         }
-        Outcome::Done(Step::DisarmNospace) => {}
+        Outcome::Done(Step::DisarmNospace | Step::DisarmCorrupt) => {}
+        Outcome::Done(Step::TellRebuild { target, request }) => {
+            tracing::warn!(member = %format!("{:x}", target.id), request = %request.id, verdict = %request.check.verdict, "a member's data diverged from the majority's: its sidecar is told to rebuild it");
+        }
+        Outcome::Failed(Step::TellRebuild { target, .. }, error) => {
+            tracing::warn!(member = %format!("{:x}", target.id), %error, "the rebuild request was not sent; the next check tells it again");
+        }
+        Outcome::Failed(Step::DisarmCorrupt, error) => {
+            tracing::warn!(%error, "could not disarm CORRUPT; the next check tries again");
+        }
         Outcome::Done(Step::OfferRecovery { .. }) => {}
         Outcome::Done(Step::CheckHashes { voters, .. }) => {
             tracing::debug!(voters = voters.len(), "corruption check started");
@@ -302,6 +346,8 @@ fn log(outcome: &Outcome) {
             | Step::UpdatePeerUrls { .. }
             | Step::Defrag { .. }
             | Step::DisarmNospace
+            | Step::DisarmCorrupt
+            | Step::TellRebuild { .. }
             | Step::RemoveMember { .. }
             | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },
@@ -313,6 +359,8 @@ fn log(outcome: &Outcome) {
             | Step::SnapshotNow { .. }
             | Step::UpdatePeerUrls { .. }
             | Step::DisarmNospace
+            | Step::DisarmCorrupt
+            | Step::TellRebuild { .. }
             | Step::RemoveMember { .. }
             | Step::CheckHashes { .. }
             | Step::OfferRecovery { .. },

@@ -1,5 +1,6 @@
-//! Control requests: `POST /peer/recovery` (`recover --yes`) and `POST /peer/restore`
-//! (`restore --snapshot NAME --yes`), the requests that make a sidecar stop its etcd. They
+//! Control requests: `POST /peer/recovery` (`recover --yes`), `POST /peer/restore`
+//! (`restore --snapshot NAME --yes`) and `POST /peer/rebuild` (the leader's sidecar, for a
+//! member whose data diverged), the requests that make a sidecar stop its etcd. They
 //! are served on the peer-facing port only, and a request is held only when it passes,
 //! in this order:
 //! 1. authentication ([`crate::control`]): 401 without the token, 403 when control
@@ -11,7 +12,9 @@
 //!    one is held is 409;
 //! 5. this pod's own check ([`CheckRequests`]), before anything is stopped: a restore's
 //!    snapshot listed, verified and usable from here; a recovery whose survivor is this pod
-//!    must be the plan this pod makes. 422 otherwise.
+//!    must be the plan this pod makes; a rebuild's proof must stand against the member list
+//!    now and this member's own `HashKV` must still differ from the majority's. 422
+//!    otherwise.
 //!
 //! Every refusal is counted in `etcd_steward_control_requests_refused_total{reason}`.
 
@@ -31,6 +34,7 @@ use super::AppState;
 use crate::clock::unix_now;
 use crate::control::REQUEST_TTL;
 use crate::control::{ControlAuth, Gate, TOKEN_OPTION};
+use crate::facts::rebuild::RebuildRequest;
 use crate::facts::{RecoveryRequest, RestoreRequest};
 use crate::sidecar::recovery::{Expiring, Inbox, Taken};
 
@@ -39,6 +43,7 @@ use crate::sidecar::recovery::{Expiring, Inbox, Taken};
 pub trait CheckRequests: Send + Sync {
     fn recovery<'a>(&'a self, request: &'a RecoveryRequest) -> BoxFuture<'a, Result<(), String>>;
     fn restore<'a>(&'a self, request: &'a RestoreRequest) -> BoxFuture<'a, Result<(), String>>;
+    fn rebuild<'a>(&'a self, request: &'a RebuildRequest) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// Refuses every request: for a surface that cannot check them.
@@ -50,6 +55,9 @@ impl CheckRequests for CannotCheck {
     }
     fn restore<'a>(&'a self, _: &'a RestoreRequest) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async { Err("this sidecar cannot check restore requests".into()) })
+    }
+    fn rebuild<'a>(&'a self, _: &'a RebuildRequest) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Err("this sidecar cannot check rebuild requests".into()) })
     }
 }
 
@@ -186,6 +194,22 @@ pub async fn accept_restore(
     accept(&s, &s.restore, &headers, &body, check).await
 }
 
+/// `POST /peer/rebuild`: the leader's sidecar hands this pod the proof that its member's
+/// data diverged from the majority's; once held (the proof stands and this member's own
+/// hash still differs), this pod's sidecar stops its etcd so that `init` sets the data
+/// aside and the member joins again as a new one.
+pub async fn accept_rebuild(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let check = |r: RebuildRequest| {
+        let s = s.clone();
+        async move { s.control.checks.rebuild(&r).await }
+    };
+    accept(&s, &s.rebuild, &headers, &body, check).await
+}
+
 async fn accept<T, F, Fut>(
     s: &AppState,
     inbox: &Inbox<T>,
@@ -252,10 +276,14 @@ where
         request.set_expires_unix(cap);
     }
     let _one_at_a_time = c.checking.lock().await;
-    if let Some(held) = [s.recovery.held_id(), s.restore.held_id()]
-        .into_iter()
-        .flatten()
-        .find(|h| h != request.id())
+    if let Some(held) = [
+        s.recovery.held_id(),
+        s.restore.held_id(),
+        s.rebuild.held_id(),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|h| h != request.id())
     {
         return conflict(c, &held, request.id());
     }

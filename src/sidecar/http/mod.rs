@@ -35,6 +35,9 @@ pub struct AppState {
     pub recovery: Arc<Inbox<crate::facts::RecoveryRequest>>,
     /// The restore-to-a-snapshot request an operator sent, held until it expires.
     pub restore: Arc<Inbox<crate::facts::RestoreRequest>>,
+    /// The rebuild of this pod's member the leader's sidecar asked for (its data diverged),
+    /// held until it is done or expires.
+    pub rebuild: Arc<Inbox<crate::facts::rebuild::RebuildRequest>>,
     /// How far the volume's log goes, read at most every few seconds.
     pub tail: Arc<TailCache>,
     /// The last time the loop saw the cluster list this pod's member, for the report.
@@ -59,6 +62,7 @@ impl AppState {
             data_dir: Arc::new(data_dir.to_path_buf()),
             recovery: Arc::new(Inbox::default()),
             restore: Arc::new(Inbox::default()),
+            rebuild: Arc::new(Inbox::default()),
             tail: Arc::new(TailCache::new(data_dir)),
             vouch: watch::channel(None).1,
             hash_check: watch::channel(None).1,

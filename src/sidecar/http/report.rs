@@ -64,6 +64,7 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
                 vouch: s.vouch.borrow().clone(),
                 waiting,
                 hash_check: s.hash_check.borrow().clone(),
+                rebuild_request: s.rebuild.current(),
             };
             let body = serde_json::to_string(&report).unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::control::{accept_recovery, accept_restore};
+use super::control::{accept_rebuild, accept_recovery, accept_restore};
 use super::metrics::{self, Format};
 use super::report::peer_report;
 use super::AppState;
@@ -75,5 +75,6 @@ pub fn peer_router(state: AppState) -> Router {
         .route("/peer/report", get(peer_report))
         .route("/peer/recovery", post(accept_recovery))
         .route("/peer/restore", post(accept_restore))
+        .route("/peer/rebuild", post(accept_rebuild))
         .with_state(state)
 }

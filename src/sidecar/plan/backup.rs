@@ -3,7 +3,8 @@
 //! is actually taken is the store's to say (the round compares its newest snapshot's time
 //! with the interval), so a change of leader causes neither a duplicate nor a gap; this
 //! planner only decides when to look: while this member leads, one round at a time, and
-//! not more often than [`round_every`] (each round lists the store).
+//! not more often than [`round_every`] (each round lists the store). Never through a
+//! member the newest corruption check found diverged: a snapshot carries its data.
 
 use std::time::Duration;
 
@@ -68,6 +69,10 @@ impl Planner for Backup {
             return Vec::new();
         }
         self.last_start = Some(seen.now);
+        if seen.diverged {
+            tracing::warn!("no backup round: this member's data diverged from the majority's (a snapshot through it would carry the minority's data); it is rebuilt first");
+            return Vec::new();
+        }
         vec![Step::BackupRound]
     }
 
@@ -81,6 +86,32 @@ impl Planner for Backup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leader_whose_data_diverged_takes_no_snapshot() {
+        use crate::facts::MemberStatus;
+        let t0 = Instant::now();
+        let leading = |at: Instant, diverged: bool| {
+            let mut o = Observation::serving(
+                at,
+                MemberStatus {
+                    member_id: 1,
+                    leader: 1,
+                    ..Default::default()
+                },
+            );
+            o.diverged = diverged;
+            o
+        };
+        let mut p = Backup::new(Duration::from_secs(60));
+        assert!(p.plan(&leading(t0, true)).is_empty());
+        assert!(p.plan(&leading(t0 + ROUND_EVERY, true)).is_empty());
+        // Rebuilt (or found agreeing): rounds again.
+        assert_eq!(
+            p.plan(&leading(t0 + ROUND_EVERY * 2, false)),
+            vec![Step::BackupRound]
+        );
+    }
 
     #[test]
     fn rounds_come_every_15_s_or_a_quarter_of_a_shorter_interval() {

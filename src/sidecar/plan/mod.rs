@@ -15,6 +15,7 @@ pub mod evict;
 pub mod observation;
 pub mod peer_url;
 pub mod promote;
+pub mod rebuild;
 pub mod scale_in;
 pub mod snapshot_guard;
 

@@ -11,6 +11,7 @@ use std::fmt;
 use tokio::time::Instant;
 
 use crate::facts::hashes::HashCheck;
+use crate::facts::rebuild::RebuildRequest;
 use crate::facts::{ActionKind, MemberInfo, MemberStatus, Vouch};
 use crate::units::Bytes;
 
@@ -60,6 +61,9 @@ pub struct Observation {
     /// With `--auto-recover-after`: the looks for a proof of loss taken since the last tick,
     /// in order (filled in by the loop).
     pub recovery_looks: Vec<LossLook>,
+    /// The newest corruption check that judged this member found its data diverged from
+    /// the majority's (filled in by the loop): no snapshot is taken through it.
+    pub diverged: bool,
 }
 
 impl Observation {
@@ -90,6 +94,7 @@ impl Observation {
             peers: Vec::new(),
             scale_in: Default::default(),
             recovery_looks: Vec::new(),
+            diverged: false,
         }
     }
 
@@ -143,6 +148,12 @@ pub struct LocalObservation {
 /// status, which the health verdict and the defragmentation planner both read.
 pub fn nospace(status: &MemberStatus) -> bool {
     status.errors.iter().any(|e| e.contains("NOSPACE"))
+}
+
+/// Whether `status` reports etcd's `CORRUPT` alarm (its own check found members' data
+/// differ; etcd refuses every read and write meanwhile).
+pub fn corrupt(status: &MemberStatus) -> bool {
+    status.errors.iter().any(|e| e.contains("CORRUPT"))
 }
 
 /// The init journal (`member/steward/decisions.jsonl`) as last read.
@@ -276,6 +287,15 @@ pub enum Step {
     /// Hand this sidecar the recovery request `id` (survivor `survivor`, this pod) that
     /// `recover --yes` would have handed it (see `plan::auto_recover`).
     OfferRecovery { id: String, survivor: String },
+    /// Hand the sidecar of member `target` (its data diverged) the rebuild request whose
+    /// proof is this member's own check, as control requests travel (see `plan::rebuild`).
+    TellRebuild {
+        target: MemberInfo,
+        request: Box<RebuildRequest>,
+    },
+    /// Deactivate every CORRUPT alarm, through the local member: every voter answered the
+    /// majority's hash.
+    DisarmCorrupt,
 }
 
 /// Why a step is intended: the log says it, tests match on it.
