@@ -50,13 +50,18 @@ fn start_without_initial_check(set: &mut Set, o: u32) {
 
 /// Replaces every `FROM` in the member's database file by `TO`; how many were replaced.
 fn change_db(data_dir: &Path) -> usize {
+    change_db_to(data_dir, TO)
+}
+
+/// Replaces every `FROM` in the member's database file by `to` (as long).
+fn change_db_to(data_dir: &Path, to: &[u8]) -> usize {
     let path = data_dir.join("member/snap/db");
     let mut bytes = std::fs::read(&path).unwrap();
     let mut n = 0;
     let mut i = 0;
     while i + FROM.len() <= bytes.len() {
         if &bytes[i..i + FROM.len()] == FROM {
-            bytes[i..i + FROM.len()].copy_from_slice(TO);
+            bytes[i..i + FROM.len()].copy_from_slice(to);
             n += 1;
             i += FROM.len();
         } else {
@@ -473,6 +478,72 @@ async fn a_diverged_member_is_rebuilt_from_its_peers(etcd: Etcd, which: Changed)
     set.shutdown().await;
 }
 
+/// Both followers changed, each differently: three hashes, no majority. Nothing is
+/// rebuilt (control requests on), and `status` says why.
+async fn three_different_hashes_rebuild_nothing_and_say_why(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--corruption-check-interval=1s".into()];
+    for o in 0..3 {
+        start_without_initial_check(&mut set, o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let mut c = set.any_client().await.unwrap();
+    c.put(KEY, VALUE, None).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = set.leader().await.unwrap();
+    let followers: Vec<u32> = (0..3).filter(|o| *o != leader).collect();
+    let mut ids = Vec::new();
+    for o in 0..3 {
+        ids.push(set.member_id(o).await.unwrap());
+    }
+    for (o, to) in followers.iter().zip([TO, b"mistaken".as_slice()]) {
+        set.kill(*o).await.unwrap();
+        assert!(change_db_to(set.data_dir(*o), to) >= 1);
+    }
+    for o in &followers {
+        start_without_initial_check(&mut set, *o);
+    }
+    wait_for_or(
+        FOUND,
+        "a check that finds three hashes",
+        || async {
+            let check = status_json(&set, leader).await["corruption_check"].clone();
+            check["verdict"]["why"]["hashes"].as_array().map(Vec::len) == Some(3)
+        },
+        || set.dump(),
+    )
+    .await;
+    // Several more checks: still nothing rebuilt.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for o in 0..3 {
+        assert_eq!(
+            set.member_id(o).await.unwrap(),
+            ids[o as usize],
+            "pod {o} not rebuilt"
+        );
+        assert!(
+            !set.data_dir(o).join("set-aside").exists(),
+            "pod {o}: nothing set aside"
+        );
+    }
+    let m = metrics(&set, leader).await;
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("etcd_steward_corruption_checks_total{outcome=\"split\"}")
+                && !l.ends_with(" 0")
+        ),
+        "{m}"
+    );
+    let text = set.steward(leader, &["status"]).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("no hash has a strict majority of the 3 voters"),
+        "{text}"
+    );
+    set.shutdown().await;
+}
+
 async fn a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared(etcd: Etcd) {
     a_diverged_member_is_rebuilt_from_its_peers(etcd, Changed::Follower).await;
 }
@@ -527,5 +598,6 @@ harness::per_etcd_version!(
     a_changed_follower_is_found_diverged_only_with_a_majoritys_proof,
     etcd_refuses_to_start_on_data_that_differs_from_its_peers,
     a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared,
-    a_diverged_leader_is_rebuilt_from_its_peers
+    a_diverged_leader_is_rebuilt_from_its_peers,
+    three_different_hashes_rebuild_nothing_and_say_why
 );
