@@ -174,6 +174,12 @@ where
                 if let Some(q) = &r.restore_request {
                     requests.push(format!("restore {} to {} requested", q.id, q.snapshot));
                 }
+                if let Some(q) = &r.rebuild_request {
+                    requests.push(format!(
+                        "rebuild of member {:x} under way (its data diverged: {})",
+                        q.member, q.check.verdict
+                    ));
+                }
                 let volume = if r.has_data { "data" } else { "empty" };
                 (volume.to_string(), r.last_decision.clone(), requests)
             }
