@@ -914,13 +914,22 @@ fn a_rebuild_request_without_a_standing_proof_never_sets_a_listed_members_data_a
         },
         "another membership",
     );
-    // No cluster answers: the data stays, whatever the request says.
+    // No cluster answers: the data stays, whatever the request says, and the diverged
+    // member does not start on it again meanwhile.
     let d = decide(&Facts {
         cluster: not_reached(),
         rebuild_request: Some(rebuild_request(0xa1, [7, 9, 7])),
         ..listed()
     });
-    assert!(!matches!(d.action, Action::SetAside { .. }), "{d:?}");
+    assert_eq!(d.action, Action::Wait, "{d:?}");
+    assert_reason(&d, &["a1", "rebuilt", "no live cluster"]);
+    // A request about another member changes nothing here.
+    let d = decide(&Facts {
+        cluster: not_reached(),
+        rebuild_request: Some(rebuild_request(0xa2, [7, 7, 9])),
+        ..listed()
+    });
+    assert_eq!(d.action, Action::Restart, "{d:?}");
 }
 
 #[test]

@@ -159,6 +159,16 @@ fn decide_with_data(f: &Facts) -> Decision {
         if let Some(d) = outnumbered_by_another_cluster(f) {
             return d;
         }
+        // A member being rebuilt because its data diverged does not start on that data
+        // again while no cluster answers (a leader election after its own etcd stopped):
+        // it waits to hear the cluster, or for the request to expire.
+        if let Some(r) = f.rebuild_request.as_ref().filter(|r| {
+            f.data
+                .wal_identity()
+                .is_some_and(|w| w.member_id == r.member)
+        }) {
+            return wait(Why::RebuildWaitsForCluster { member: r.member });
+        }
         return decision(Action::Restart, Why::DataAndNoClusterAnswered);
     };
     let listed_by_url = view

@@ -268,6 +268,11 @@ pub enum Why {
     LeftAndRemoved {
         member: u64,
     },
+    /// A rebuild of this member is held but no cluster answers: its diverged data does not
+    /// start again meanwhile.
+    RebuildWaitsForCluster {
+        member: u64,
+    },
     /// This member's data diverged from the majority's: the check that proves it, as the
     /// leader's sidecar handed it to this pod's.
     MemberDiverged {
@@ -395,6 +400,7 @@ impl std::fmt::Display for Why {
             Why::PeerUrlChanged { member, listed, now } => write!(f, "the cluster lists this pod's member {member:x} at {}, but its peer URL is now {now}: the member entry is updated (MemberUpdate), keeping its ID and data, then etcd restarts", listed.join(", ")),
             Why::RestoreWhileAClusterAnswers { id, cluster } => write!(f, "restore {id}: this volume is empty, but cluster {cluster:x} answers and does not wait for this pod as a member it never started: it is the cluster being replaced (its members set their data aside first), or this pod's member of it started before and its volume was lost since (that member ID is never reused). Waiting: this pod forms the new cluster once no cluster answers, or, after the request expires, joins the one that does"),
             Why::RestoreNotSeen { id, snapshot, problem, then } => write!(f, "restore {id} to snapshot {snapshot} was requested, but this pod cannot see that snapshot usable ({problem}): its data stays (decided: {}, {})", then.action.name(), then.why),
+            Why::RebuildWaitsForCluster { member } => write!(f, "member {member:x} is to be rebuilt (its data diverged from the majority's) but no live cluster answered: it does not start on that data again; waiting to hear the cluster (or for the request to expire)"),
             Why::MemberDiverged { member, proof } => write!(f, "member {member:x}'s data diverged from the majority's ({proof}): its data is set aside (renamed, not deleted) and it joins again as a new member, rebuilt from its peers"),
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
