@@ -10,6 +10,7 @@ pub mod execute;
 pub mod gather;
 pub mod health;
 pub mod http;
+pub mod init_events;
 pub mod plan;
 pub mod recovery;
 
@@ -81,6 +82,8 @@ pub struct Sidecar<D, C: Connector, P> {
     certificate_metrics: CertificateMetrics,
     /// The recovery request this pod holds, and what to do for it.
     pub recovery: Option<RecoveryDuty>,
+    /// What `init` did and waits for, posted as Kubernetes Events on this pod.
+    init_events: init_events::InitEvents,
 }
 
 impl<D, C, P> Sidecar<D, C, P>
@@ -113,7 +116,7 @@ where
                 archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,
-                events,
+                events: events.clone(),
                 corruption,
             },
             previous: Vec::new(),
@@ -124,6 +127,12 @@ where
             tls: cfg.etcd.tls.iter().chain(&cfg.peer_tls).cloned().collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
+            init_events: init_events::InitEvents::new(
+                events,
+                &id.name(),
+                &cfg.data_dir,
+                crate::clock::unix_now(),
+            ),
         }
     }
 
@@ -156,14 +165,19 @@ where
         }
         self.jobs.gather(&mut self.conn, &mut seen).await;
         let mut health = assess(&seen.local);
-        if !health.etcd_running {
-            let note = crate::volume::marker::waiting(self.journal.data_dir());
-            if let Some(w) = health::waiting_shown(note, health.etcd_running, seen.journal.last_ts)
-            {
-                health.ready.reason =
-                    format!("init is waiting: {}; {}", w.reason, health.ready.reason);
-            }
+        let note = match health.etcd_running {
+            false => crate::volume::marker::waiting(self.journal.data_dir()),
+            true => None,
+        };
+        let waiting = health::waiting_shown(note, health.etcd_running, seen.journal.last_ts);
+        if let Some(w) = &waiting {
+            health.ready.reason = format!("init is waiting: {}; {}", w.reason, health.ready.reason);
         }
+        self.init_events.look(
+            crate::clock::unix_now(),
+            health.etcd_running,
+            waiting.as_ref(),
+        );
         let me = seen.local.status.as_ref().map_or(0, |s| s.member_id);
         let judged = self.jobs.corruption.as_ref().and_then(|c| c.about(me));
         if let Some(reason) = health::diverged(judged, me) {
