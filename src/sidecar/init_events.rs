@@ -415,6 +415,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_recovery_is_recovered_from_survivor_once_etcd_serves_again_and_only_once() {
+        let (api, failed) = (Kept::default(), Counter::default());
+        let tmp = tempfile::tempdir().unwrap();
+        let now = 1_795_000_000;
+        let recover = Entry::new(now, ActionKind::Recover, "recovery r1: --force-new-cluster");
+        journal::append(tmp.path(), &recover).unwrap();
+        let mut init = InitEvents::new(start(&api, &failed), "etcd-1", tmp.path(), now);
+        let reasons = |api: &Kept| -> Vec<String> {
+            api.events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|e| e.reason.clone())
+                .collect()
+        };
+        init.look(now, false, None);
+        settle().await;
+        assert_eq!(
+            reasons(&api),
+            ["RecoveryStarted"],
+            "etcd does not serve yet"
+        );
+        for t in 1..5 {
+            init.look(now + t, true, None);
+        }
+        settle().await;
+        assert_eq!(reasons(&api), ["RecoveryStarted", "RecoveredFromSurvivor"]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_restarted_sidecar_posts_no_entry_again_and_old_entries_never() {
         let (api, failed) = (Kept::default(), Counter::default());
         let tmp = tempfile::tempdir().unwrap();
