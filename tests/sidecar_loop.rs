@@ -29,12 +29,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Records a decision in the init journal, as `init` does.
 fn record(dir: &std::path::Path, action: &str) -> TestResult {
-    let entry = journal::Entry {
-        ts: 0,
-        action: action.parse()?,
-        reason: String::new(),
-        vouch: None,
-    };
+    let entry = journal::Entry::new(0, action.parse()?, "");
     journal::append(dir, &entry)?;
     Ok(())
 }

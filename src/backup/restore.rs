@@ -348,7 +348,14 @@ pub enum RestoreOutcome {
 /// `held`: which revision the restored data holds: the snapshot's, or, with the archive
 /// replayed onto it, the point's (a point named by a time does not say: the replay's own
 /// line does, and no revision after the jump is said here).
-pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str, held: Held) {
+/// Returns the revision the restored data holds and the one the cluster starts from after
+/// the jump, when the first is known.
+pub fn log_restored(
+    manifest: &Manifest,
+    tool: &EtcdTool,
+    what: &str,
+    held: Held,
+) -> Option<(i64, i64)> {
     use super::tool::{Jump, JUMP_NEEDS};
     let age = std::time::SystemTime::now()
         .duration_since(manifest.time())
@@ -359,11 +366,14 @@ pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str, held: Held
         Held::Snapshot => Some(manifest.revision),
         Held::Replayed(r) => r,
     };
-    if let Some(revision) = revision {
+    let revisions = revision.map(|revision| {
         let after = match jump {
             Jump::By(n) => revision.saturating_add(i64::try_from(n).unwrap_or(i64::MAX)),
             Jump::Off | Jump::Unsupported => revision,
         };
+        (revision, after)
+    });
+    if let Some((revision, after)) = revisions {
         tracing::warn!(snapshot = %manifest.name, revision, revision_after = after,
             bump_revision = tool.bump_revision, tool = %tool.bin.display(),
             taken = %manifest.time, age = %age, "{what}");
@@ -382,6 +392,7 @@ pub fn log_restored(manifest: &Manifest, tool: &EtcdTool, what: &str, held: Held
             "the restored cluster's revision went back to the snapshot's: {} cannot move it forward; a revision jump needs {JUMP_NEEDS} (--etcdutl-bin); restart the API servers", tool.bin.display())
         }
     }
+    revisions
 }
 
 /// What revision restored data holds, for [`log_restored`].

@@ -196,7 +196,11 @@ impl Note {
         let waits = waits.as_ref().map(|(k, r)| (k.as_str(), r.clone()));
         let result = match waiting::change(self.held.as_ref(), waits, now) {
             waiting::Change::Keep => return,
-            waiting::Change::Write(w) => {
+            waiting::Change::Write(mut w) => {
+                // Dated after init's last act, even one in the same second (a set-aside, a
+                // join): readers take a note no newer than the last act for one left behind.
+                let last_act = volume::journal::read(&self.dir).pop().map(|e| e.ts);
+                w.since = w.since.max(last_act.map_or(0, |ts| ts + 1));
                 volume::marker::write_waiting(&self.dir, &w).map(|()| Some(w))
             }
             waiting::Change::Clear => volume::marker::clear_waiting(&self.dir).map(|()| None),
@@ -254,12 +258,8 @@ mod tests {
             Some(10),
             "still the same wait"
         );
-        let entry = volume::journal::Entry {
-            ts: 30,
-            action: crate::facts::ActionKind::Restart,
-            reason: "etcd started".into(),
-            vouch: None,
-        };
+        let entry =
+            volume::journal::Entry::new(30, crate::facts::ActionKind::Restart, "etcd started");
         volume::journal::append(dir, &entry)?;
         let mut after = Note::load(dir);
         after.set(waits("no key"), 40);
@@ -268,6 +268,20 @@ mod tests {
             Some(40),
             "a new wait"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_wait_begun_in_the_second_of_inits_last_act_is_dated_after_it() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        let dir = tmp.path();
+        let left = volume::journal::Entry::new(50, crate::facts::ActionKind::SetAside, "left");
+        volume::journal::append(dir, &left)?;
+        let mut note = Note::load(dir);
+        note.set(waits("this pod left the cluster"), 50);
+        let w = marker::waiting(dir);
+        assert_eq!(w.as_ref().map(|w| w.since), Some(51));
+        assert!(w.is_some_and(|w| w.current(Some(50))), "shown, not stale");
         Ok(())
     }
 

@@ -203,6 +203,17 @@ impl Series {
     /// `act` happened at `now` (`wall` on the wall clock): a new Event, the series' count
     /// when a heartbeat is due, or nothing yet (counted, sent by a later [`Series::due`]).
     pub fn record(&mut self, act: Act, now: Instant, wall: SystemTime) -> Option<Call> {
+        self.record_named(act, None, now, wall)
+    }
+
+    /// As [`Series::record`]; a new Event is named `name` when one is given.
+    pub fn record_named(
+        &mut self,
+        act: Act,
+        name: Option<String>,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Option<Call> {
         let key = (act.reason, act.note.clone());
         match self.entries.get_mut(&key) {
             Some(e) if within(e.last, now, SERIES_WINDOW) => {
@@ -225,7 +236,8 @@ impl Series {
                 let nanos = wall
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos());
-                let name = format!("{}.{:x}{:x}", self.pod, nanos, self.created);
+                let name =
+                    name.unwrap_or_else(|| format!("{}.{:x}{:x}", self.pod, nanos, self.created));
                 self.entries.insert(
                     key,
                     Entry {
@@ -391,7 +403,7 @@ impl EventApi for ApiEvents {
 /// Where the roles post their acts. Cloning shares the queue.
 #[derive(Debug, Clone)]
 pub struct Events {
-    tx: Option<mpsc::Sender<Act>>,
+    tx: Option<mpsc::Sender<Posting>>,
     failed: Counter,
 }
 
@@ -423,14 +435,30 @@ impl Events {
 
     /// Queues `reason` with `note`; never waits.
     pub fn post(&self, reason: Reason, note: impl Into<String>) {
-        let Some(tx) = &self.tx else { return };
-        if tx
-            .try_send(Act {
+        self.queue(Posting {
+            act: Act {
                 reason,
                 note: note.into(),
-            })
-            .is_err()
-        {
+            },
+            name: None,
+            at: None,
+        });
+    }
+
+    /// Queues `reason` with `note`, as the Event `name` if it is a new one, happened `at`;
+    /// never waits. The same act posted again under the same name (by a restarted sidecar)
+    /// is the API's AlreadyExists: harmless, not counted as a failure.
+    pub fn post_named(&self, reason: Reason, note: String, name: String, at: SystemTime) {
+        self.queue(Posting {
+            act: Act { reason, note },
+            name: Some(name),
+            at: Some(at),
+        });
+    }
+
+    fn queue(&self, posting: Posting) {
+        let Some(tx) = &self.tx else { return };
+        if tx.try_send(posting).is_err() {
             self.failed.inc();
         }
     }
@@ -441,6 +469,15 @@ impl Events {
     }
 }
 
+/// An act on its way to the posting task.
+#[derive(Debug)]
+struct Posting {
+    act: Act,
+    name: Option<String>,
+    /// When it happened, if not now.
+    at: Option<SystemTime>,
+}
+
 /// tokio's clock (paused in tests), as a std `Instant`.
 fn monotonic() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -449,7 +486,7 @@ fn monotonic() -> Instant {
 async fn run<A: EventApi>(
     api: A,
     regarding: Regarding,
-    mut rx: mpsc::Receiver<Act>,
+    mut rx: mpsc::Receiver<Posting>,
     failed: Counter,
 ) {
     let mut series = Series::new(&regarding.pod);
@@ -459,7 +496,10 @@ async fn run<A: EventApi>(
     loop {
         let calls = tokio::select! {
             act = rx.recv() => match act {
-                Some(act) => series.record(act, monotonic(), SystemTime::now()).into_iter().collect(),
+                Some(p) => {
+                    let wall = p.at.unwrap_or_else(SystemTime::now);
+                    series.record_named(p.act, p.name, monotonic(), wall).into_iter().collect()
+                }
                 None => series.due(monotonic() + HEARTBEAT),
             },
             _ = heartbeat.tick() => series.due(monotonic()),
@@ -467,7 +507,11 @@ async fn run<A: EventApi>(
         for call in calls {
             let result = match &call {
                 Call::Create { name, act, time } => {
-                    api.create(event(&regarding, name, act, *time)).await
+                    match api.create(event(&regarding, name, act, *time)).await {
+                        // Posted before, under the name the act always has.
+                        Err(KubeError::Status { code: 409, .. }) => Ok(()),
+                        other => other,
+                    }
                 }
                 Call::Patch {
                     name,

@@ -419,10 +419,8 @@ mod tests {
 
     fn start(ts: u64, vouch: Option<Vouch>) -> Entry {
         Entry {
-            ts,
-            action: ActionKind::Restart,
-            reason: String::new(),
             vouch,
+            ..Entry::new(ts, ActionKind::Restart, "")
         }
     }
 

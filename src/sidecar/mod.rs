@@ -10,6 +10,7 @@ pub mod execute;
 pub mod gather;
 pub mod health;
 pub mod http;
+pub mod init_events;
 pub mod plan;
 pub mod rebuild;
 pub mod recovery;
@@ -84,6 +85,8 @@ pub struct Sidecar<D, C: Connector, P> {
     pub recovery: Option<RecoveryDuty>,
     /// The rebuild of this pod's member (its data diverged), when the leader asked for it.
     pub rebuild: rebuild::RebuildDuty,
+    /// What `init` did and waits for, posted as Kubernetes Events on this pod.
+    init_events: init_events::InitEvents,
 }
 
 impl<D, C, P> Sidecar<D, C, P>
@@ -118,7 +121,7 @@ where
                 archive: ArchiveRounds::new(cfg, registry),
                 scale_in: None,
                 auto_recover: None,
-                events,
+                events: events.clone(),
                 rebuild: corruption
                     .as_ref()
                     .map(|_| execute::rebuild::Teller::new(cfg)),
@@ -133,6 +136,12 @@ where
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
             rebuild,
+            init_events: init_events::InitEvents::new(
+                events,
+                &id.name(),
+                &cfg.data_dir,
+                crate::clock::unix_now(),
+            ),
         }
     }
 
@@ -165,14 +174,19 @@ where
         }
         self.jobs.gather(&mut self.conn, &mut seen).await;
         let mut health = assess(&seen.local);
-        if !health.etcd_running {
-            let note = crate::volume::marker::waiting(self.journal.data_dir());
-            if let Some(w) = health::waiting_shown(note, health.etcd_running, seen.journal.last_ts)
-            {
-                health.ready.reason =
-                    format!("init is waiting: {}; {}", w.reason, health.ready.reason);
-            }
+        let note = match health.etcd_running {
+            false => crate::volume::marker::waiting(self.journal.data_dir()),
+            true => None,
+        };
+        let waiting = health::waiting_shown(note, health.etcd_running, seen.journal.last_ts);
+        if let Some(w) = &waiting {
+            health.ready.reason = format!("init is waiting: {}; {}", w.reason, health.ready.reason);
         }
+        self.init_events.look(
+            crate::clock::unix_now(),
+            health.etcd_running,
+            waiting.as_ref(),
+        );
         let me = seen.local.status.as_ref().map_or(0, |s| s.member_id);
         let judged = self.jobs.corruption.as_ref().and_then(|c| c.about(me));
         seen.diverged = judged.is_some_and(|c| {

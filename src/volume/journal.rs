@@ -1,6 +1,8 @@
 //! The decision journal, `member/steward/decisions.jsonl`: one line per decision `init`
 //! acted on. The sidecar reads it (was this member last started as a joining learner? how
-//! many of each action for the metrics), so it is typed on both sides.
+//! many of each action for the metrics; which acts to post as Kubernetes Events), so it is
+//! typed on both sides. Fields are only ever added, each with a serde default: a journal
+//! written by an older release reads, and an older release skips what it does not know.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -26,6 +28,49 @@ pub struct Entry {
     /// a leader listed the WAL's member, in the WAL's cluster, at this pod's peer URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vouch: Option<Vouch>,
+    /// For a set-aside: why, and where the data went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_aside: Option<SetAside>,
+    /// For a member started from a backup: what it was restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+}
+
+impl Entry {
+    /// An entry with nothing but its time, action and sentence.
+    pub fn new(ts: u64, action: ActionKind, reason: impl Into<String>) -> Entry {
+        Entry {
+            ts,
+            action,
+            reason: reason.into(),
+            vouch: None,
+            set_aside: None,
+            restored: None,
+        }
+    }
+}
+
+/// Where a set-aside moved the data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAside {
+    /// The reason's slug (`removed-member`, `left`, …), as in the directory's name.
+    pub why: String,
+    /// Relative to the data directory: `set-aside/<unix-time>-<why>/member`.
+    pub to: String,
+}
+
+/// What a member started from a backup was restored from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restored {
+    /// The snapshot (or restore point) the formation agreed on.
+    pub snapshot: String,
+    /// The revision the restored data holds, when known (the snapshot's, or the last one
+    /// the archive replayed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// The revision the cluster starts from after the jump (`--restore-bump-revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_after: Option<i64>,
 }
 
 pub fn path(dir: &Path) -> PathBuf {
@@ -82,12 +127,7 @@ mod tests {
     use crate::volume::{inspect, tests::temp};
 
     fn entry(action: ActionKind) -> Entry {
-        Entry {
-            ts: 1,
-            action,
-            reason: "because".into(),
-            vouch: None,
-        }
+        Entry::new(1, action, "because")
     }
 
     #[test]
@@ -138,5 +178,36 @@ mod tests {
         );
         let back: Entry = serde_json::from_str(&text).unwrap_or_else(|_| entry(ActionKind::Join));
         assert_eq!(back, vouched);
+    }
+
+    #[test]
+    fn a_set_aside_and_a_restore_are_recorded_and_older_lines_still_read() {
+        let moved = Entry {
+            set_aside: Some(SetAside {
+                why: "left".into(),
+                to: "set-aside/7-left/member".into(),
+            }),
+            ..entry(ActionKind::SetAside)
+        };
+        let text = serde_json::to_string(&moved).unwrap_or_default();
+        assert_eq!(
+            text,
+            r#"{"ts":1,"action":"set-aside","reason":"because","set_aside":{"why":"left","to":"set-aside/7-left/member"}}"#
+        );
+        let restored = Entry {
+            restored: Some(Restored {
+                snapshot: "20261123T033912.123Z-r42".into(),
+                revision: Some(42),
+                revision_after: Some(1_000_000_042),
+            }),
+            ..entry(ActionKind::Bootstrap)
+        };
+        let text = serde_json::to_string(&restored).unwrap_or_default();
+        let back: Option<Entry> = serde_json::from_str(&text).ok();
+        assert_eq!(back, Some(restored));
+        // A line of the release before these fields reads, without them.
+        let old: Option<Entry> =
+            serde_json::from_str(r#"{"ts":1,"action":"set-aside","reason":"because"}"#).ok();
+        assert_eq!(old, Some(entry(ActionKind::SetAside)));
     }
 }

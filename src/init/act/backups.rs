@@ -16,6 +16,7 @@ use crate::backup::store::Store;
 use crate::config::Config;
 use crate::decision::parse_restore_point;
 use crate::facts::{Failed, PointAt, SnapshotContent};
+use crate::volume::journal;
 
 /// How long the snapshot before a new minor release may take.
 const SNAPSHOT_LIMIT: Duration = Duration::from_secs(300);
@@ -189,7 +190,7 @@ pub(super) async fn restore<C>(
     world: &World<'_, C>,
     name: &str,
     token: &str,
-) -> Result<(), ActError> {
+) -> Result<journal::Restored, ActError> {
     let cfg = world.cfg;
     let Some(backup) = &cfg.backup else {
         return Err(ActError::SnapshotMissing {
@@ -206,7 +207,7 @@ pub(super) async fn restore<C>(
     let member = restore::formation_member(&cfg.identity, cfg.replicas, token);
     restore::restore_into(&backup.tool, &file, name, &member, &cfg.data_dir).await?;
     let point = parse_restore_point(name).1;
-    restore::log_restored(
+    let revisions = restore::log_restored(
         &manifest,
         &backup.tool,
         match point {
@@ -230,5 +231,9 @@ pub(super) async fn restore<C>(
         }
         None => {}
     }
-    Ok(())
+    Ok(journal::Restored {
+        snapshot: name.to_string(),
+        revision: revisions.map(|(before, _)| before),
+        revision_after: revisions.map(|(_, after)| after),
+    })
 }

@@ -76,15 +76,16 @@ pub enum ActError {
 }
 
 fn record(dir: &Path, facts: &Facts, d: &Decision, ts: u64) -> Result<(), VolumeError> {
-    journal::append(
-        dir,
-        &journal::Entry {
-            ts,
-            action: d.action.kind(),
-            reason: d.reason(),
-            vouch: facts.vouch(ts),
-        },
-    )
+    journal::append(dir, &entry(facts, d, ts))
+}
+
+/// The journal entry for `d`, decided on `facts` at `ts` (the sidecar posts it as a
+/// Kubernetes Event: init itself never waits on the API before it execs etcd).
+fn entry(facts: &Facts, d: &Decision, ts: u64) -> journal::Entry {
+    journal::Entry {
+        vouch: facts.vouch(ts),
+        ..journal::Entry::new(ts, d.action.kind(), d.reason())
+    }
 }
 
 /// What actions reach: the configuration, etcd, and the backup store when a new cluster
@@ -184,19 +185,28 @@ pub async fn act<C: Connector>(
             },
         ) => {
             marker::write(dir, &step.marker())?;
-            let mode = match snapshot {
+            let (mode, restored) = match snapshot {
                 Some(name) => {
                     // A restore etcd's tool cannot do fails the same at every try: the
                     // loop notes it for /ready and status while it waits (retry::policy).
-                    restore(world, name, token).await?;
-                    StartMode::Restart
+                    let restored = restore(world, name, token).await?;
+                    (StartMode::Restart, Some(restored))
                 }
-                None => StartMode::New {
-                    initial_cluster: initial_cluster.clone(),
-                    token: token.clone(),
-                },
+                None => (
+                    StartMode::New {
+                        initial_cluster: initial_cluster.clone(),
+                        token: token.clone(),
+                    },
+                    None,
+                ),
             };
-            record(dir, facts, d, now)?;
+            journal::append(
+                dir,
+                &journal::Entry {
+                    restored,
+                    ..entry(facts, d, now)
+                },
+            )?;
             // A restored member starts on its WAL: etcd asks no peer whether the cluster
             // is bootstrapped, so there is nothing to wait for.
             if facts.ordinal != 0 && matches!(mode, StartMode::New { .. }) {
@@ -212,6 +222,24 @@ pub async fn act<C: Connector>(
         }
         Action::SetAside { why } => {
             let moved = volume::set_aside(dir, why.slug(), now)?;
+            if let Some(to) = &moved {
+                // Journaled after the move, so into the fresh member directory: the journal
+                // before it went aside with the data. Killed in between, the set-aside is
+                // not journaled (nor posted as an Event); the data is aside either way.
+                let to = to.strip_prefix(dir).unwrap_or(to).display().to_string();
+                let set_aside = journal::SetAside {
+                    why: why.slug().to_string(),
+                    to,
+                };
+                journal::append(
+                    dir,
+                    &journal::Entry {
+                        set_aside: Some(set_aside),
+                        // The cluster's word was about the data that went aside.
+                        ..journal::Entry::new(now, d.action.kind(), d.reason())
+                    },
+                )?;
+            }
             if let (SetAsideWhy::RestoreRequested, Some(r)) = (why, &facts.restore_request) {
                 // Once per request: this volume is not set aside for it again.
                 marker::write_restored_for(dir, &r.id)?;
