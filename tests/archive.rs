@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use etcd_steward::backup::archive::segment::{Op, Revision};
 use etcd_steward::backup::archive::stored;
 use etcd_steward::backup::crypt::{Key, Keys};
 use etcd_steward::backup::{catalog, manifest::Manifest, store::Store};
-use harness::loopback::Set;
+use harness::loopback::{BackedSet, Backups, Set};
 use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
@@ -30,79 +29,25 @@ const ARCHIVE_EVERY: Duration = Duration::from_secs(1);
 /// the first after the leader's first backup round, which drills the first snapshot).
 const CATCH_UP: Duration = Duration::from_secs(40);
 
-/// Starts pod `o`: its sidecar with the backup and archive options, then its init.
-fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
-    set.set_dns(o, true).unwrap();
-    let common = std::mem::take(&mut set.extra_args);
-    let scratch = set.root().join(format!("scratch-{o}"));
-    set.extra_args = common.clone();
-    set.extra_args.extend(backup_args.iter().cloned());
-    if !backup_args
-        .iter()
-        .any(|a| a.starts_with("--backup-interval"))
-    {
-        // One snapshot at the start: the rest of the history is the archive's.
-        set.extra_args.push("--backup-interval=1h".to_string());
-    }
-    if !backup_args
-        .iter()
-        .any(|a| a.starts_with("--archive-interval"))
-    {
-        set.extra_args
-            .push(format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs()));
-    }
-    set.extra_args.extend([
-        format!("--etcd-bin={}", etcd.bin().display()),
-        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
-        format!("--backup-scratch-dir={}", scratch.display()),
-    ]);
-    set.extra_args
-        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
-    set.start_sidecar(o).unwrap();
-    set.extra_args = common;
-    set.start_init(o).unwrap();
-}
-
-/// Stops the drills' throw-away etcds of a set when a scenario ends (as
-/// tests/backup_cluster.rs does). Declared before the set, so it runs after the set's own
-/// clean-up.
-struct DrillReaper(Option<PathBuf>);
-
-impl Drop for DrillReaper {
-    fn drop(&mut self) {
-        let Some(root) = &self.0 else { return };
-        let pattern = format!("data-dir={}/scratch-", root.display());
-        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
-            return;
-        };
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-}
-
-/// Three pods formed, their sidecars backing up and archiving to `url`.
-async fn formed(etcd: Etcd, url: &str, extra: &[String], reaper: &mut DrillReaper) -> Set {
-    formed_with(STEWARD, etcd, url, extra, reaper).await
+/// Three pods formed, their sidecars backing up and archiving to `url` (with `extra`):
+/// one snapshot at the start unless `extra` says otherwise (the rest of the history is the
+/// archive's), a round every [`ARCHIVE_EVERY`].
+async fn formed(etcd: Etcd, url: &str, extra: &[String]) -> BackedSet {
+    formed_with(STEWARD, etcd, url, extra).await
 }
 
 /// [`formed`] with the agent binary `steward`.
-async fn formed_with(
-    steward: &str,
-    etcd: Etcd,
-    url: &str,
-    extra: &[String],
-    reaper: &mut DrillReaper,
-) -> Set {
-    let mut set = Set::new(steward, etcd, 3).await.unwrap();
-    reaper.0 = Some(set.root().to_path_buf());
-    let mut args = vec![format!("--backup-url={url}")];
-    args.extend(extra.iter().cloned());
-    for o in 0..3 {
-        start(&mut set, etcd, o, &args);
+async fn formed_with(steward: &str, etcd: Etcd, url: &str, extra: &[String]) -> BackedSet {
+    let mut backups = Backups::at(url).with(extra.iter().cloned()).sidecars_only();
+    if !backups.has("--backup-interval") {
+        backups = backups.with(["--backup-interval=1h"]);
     }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
-    set
+    if !backups.has("--archive-interval") {
+        backups = backups.with([format!("--archive-interval={}s", ARCHIVE_EVERY.as_secs())]);
+    }
+    BackedSet::form(steward, etcd, 3, &backups, FORM)
+        .await
+        .unwrap()
 }
 
 /// What a scenario wrote, by the revision etcd gave it: the key, and its value (`None`:
@@ -311,8 +256,7 @@ fn file_store(dir: &std::path::Path) -> (String, Store) {
 async fn a_leader_change_mid_archive_leaves_no_gap(etcd: Etcd) {
     let dir = tempfile::tempdir().unwrap();
     let (url, store) = file_store(&dir.path().join("store"));
-    let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let mut set = formed(etcd, &url, &[]).await;
     let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
 
@@ -377,8 +321,7 @@ async fn a_store_down_for_a_while_is_caught_up_after(etcd: Etcd) {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let (url, store) = file_store(&store_dir);
-    let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let mut set = formed(etcd, &url, &[]).await;
     let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
     let mut written = Written::default();
@@ -418,9 +361,8 @@ async fn the_leaders_round_drills_the_archive_continuing_the_snapshot_before_the
 ) {
     let dir = tempfile::tempdir().unwrap();
     let (url, store) = file_store(&dir.path().join("store"));
-    let mut reaper = DrillReaper(None);
     let every = ["--backup-interval=20s".to_string()];
-    let mut set = formed(etcd, &url, &every, &mut reaper).await;
+    let mut set = formed(etcd, &url, &every).await;
     let cluster = cluster_of(&set).await;
     let mut written = Written::default();
     let lease = {
@@ -491,8 +433,7 @@ async fn a_compaction_that_outruns_the_archive_is_a_break_and_the_chain_resumes(
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let (url, store) = file_store(&store_dir);
-    let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, &url, &[], &mut reaper).await;
+    let mut set = formed(etcd, &url, &[]).await;
     let cluster = cluster_of(&set).await;
     let leader = set.leader().await.unwrap();
     let mut written = Written::default();
@@ -559,9 +500,8 @@ async fn encrypted_segments_in_s3_read_back_only_with_the_key() {
     let key_file = work.path().join("key.txt");
     std::fs::write(&key_file, &generated.stdout).unwrap();
     let url = harness::moto::s3_url("archive-encrypted", "etcd");
-    let mut reaper = DrillReaper(None);
     let key_arg = format!("--backup-encryption-key-file={}", key_file.display());
-    let mut set = formed(Etcd::V3_5, &url, &[key_arg], &mut reaper).await;
+    let mut set = formed(Etcd::V3_5, &url, &[key_arg]).await;
     let cluster = cluster_of(&set).await;
     let key = Key::load(&key_file).unwrap();
     let store = Store::open(&url).unwrap().with_keys(Keys {
@@ -606,12 +546,11 @@ async fn encrypted_segments_in_s3_read_back_only_with_the_key() {
 async fn segments_leave_the_store_with_the_snapshots_they_continue() {
     let dir = tempfile::tempdir().unwrap();
     let (url, store) = file_store(&dir.path().join("store"));
-    let mut reaper = DrillReaper(None);
     let extra = [
         "--backup-interval=3s".to_string(),
         "--backup-keep=1".to_string(),
     ];
-    let mut set = formed(Etcd::V3_5, &url, &extra, &mut reaper).await;
+    let mut set = formed(Etcd::V3_5, &url, &extra).await;
     let cluster = cluster_of(&set).await;
     let mut written = Written::default();
     written.puts(&set, "/old", 20, 0).await;
@@ -706,9 +645,8 @@ async fn measure_archive_cost(rate: u32, incompressible: bool) {
     for interval in intervals.split(',') {
         let dir = tempfile::tempdir().unwrap();
         let (url, store) = file_store(&dir.path().join("store"));
-        let mut reaper = DrillReaper(None);
         let extra = [format!("--archive-interval={interval}")];
-        let mut set = formed_with(&steward, Etcd::V3_5Current, &url, &extra, &mut reaper).await;
+        let mut set = formed_with(&steward, Etcd::V3_5Current, &url, &extra).await;
         let leader = set.leader().await.unwrap();
         // Past the first backup round and its drill.
         tokio::time::sleep(Duration::from_secs(10)).await;

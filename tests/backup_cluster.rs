@@ -7,13 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use etcd_steward::backup::manifest::Manifest;
 use etcd_steward::backup::{catalog, store::Store};
-use harness::loopback::Set;
+use harness::loopback::{BackedSet, Backups, Set};
 use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
@@ -27,56 +25,16 @@ const LATE: Duration = Duration::from_secs(4);
 /// How much earlier: the schedule reads a manifest's time in whole seconds (`time_unix`).
 const EARLY: Duration = Duration::from_secs(1);
 
-/// Starts pod `o`: its sidecar with the backup options (`backup_args`, the drill's etcd
-/// and tool, its own scratch directory), then its init without them.
-fn start(set: &mut Set, etcd: Etcd, o: u32, backup_args: &[String]) {
-    set.set_dns(o, true).unwrap();
-    let common = std::mem::take(&mut set.extra_args);
-    let scratch = set.root().join(format!("scratch-{o}"));
-    set.extra_args = common.clone();
-    set.extra_args.extend(backup_args.iter().cloned());
-    set.extra_args.extend([
-        format!("--backup-interval={}s", INTERVAL.as_secs()),
-        format!("--etcd-bin={}", etcd.bin().display()),
-        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
-        format!("--backup-scratch-dir={}", scratch.display()),
-    ]);
-    set.extra_args
-        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
-    set.start_sidecar(o).unwrap();
-    set.extra_args = common;
-    set.start_init(o).unwrap();
-}
-
-/// Stops the drills' throw-away etcds of a set, by process ID, when a scenario ends: the
-/// harness SIGKILLs sidecars (a pod's processes die with its container in Kubernetes; here
-/// a drill's etcd would outlive its sidecar, holding the test lock's inherited descriptor).
-/// Declared before the set, so it runs after the set's own clean-up.
-struct DrillReaper(Option<PathBuf>);
-
-impl Drop for DrillReaper {
-    fn drop(&mut self) {
-        let Some(root) = &self.0 else { return };
-        let pattern = format!("data-dir={}/scratch-", root.display());
-        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
-            return;
-        };
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-}
-
-/// Three pods formed, their sidecars backing up to `url` (and given `more` options).
-async fn formed(etcd: Etcd, url: &str, more: &[String]) -> Set {
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    let mut args = vec![format!("--backup-url={url}")];
-    args.extend(more.iter().cloned());
-    for o in 0..3 {
-        start(&mut set, etcd, o, &args);
-    }
-    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
-    set
+/// Three pods formed, their sidecars backing up to `url` every [`INTERVAL`] (and given
+/// `more` options).
+async fn formed(etcd: Etcd, url: &str, more: &[String]) -> BackedSet {
+    let backups = Backups::at(url)
+        .with(more.iter().cloned())
+        .with([format!("--backup-interval={}s", INTERVAL.as_secs())])
+        .sidecars_only();
+    BackedSet::form(STEWARD, etcd, 3, &backups, FORM)
+        .await
+        .unwrap()
 }
 
 /// The store's manifests, oldest first (an unreadable store lists nothing).
@@ -169,7 +127,6 @@ async fn backups_follow_the_leader_survive_a_failing_store_and_pass_the_drill(et
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
     let url = format!("file://{}", store_dir.display());
-    let mut reaper = DrillReaper(None);
     // The sidecars post their Events to the fake Kubernetes API.
     let api =
         harness::fake_kube::FakeKube::start("127.0.0.1:0".parse().unwrap(), "default", "etcd")
@@ -181,7 +138,6 @@ async fn backups_follow_the_leader_survive_a_failing_store_and_pass_the_drill(et
         &[format!("--kube-api-url=http://{}", api.addr())],
     )
     .await;
-    reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());
 
@@ -334,9 +290,7 @@ fn bucket(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_backs_up_into_s3_one_snapshot_per_interval() {
     let url = bucket("sidecar-backups");
-    let mut reaper = DrillReaper(None);
     let set = formed(Etcd::V3_5, &url, &[]).await;
-    reaper.0 = Some(set.root().to_path_buf());
     let leader = set.leader().await.unwrap();
     let leader_id = hex_id(set.member_id(leader).await.unwrap());
     let all = more_than(&url, 1, INTERVAL * 3 + LATE, &set).await;

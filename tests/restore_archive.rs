@@ -16,34 +16,19 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
 use etcd_steward::backup::store::Store;
-use harness::loopback::Set;
+use harness::loopback::{first_snapshot, BackedSet, Backups, Set};
 use harness::{wait_for, Etcd};
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const FORM: Duration = Duration::from_secs(60);
 
 /// A three-pod set formed with backups in `store`, `--restore latest`.
-async fn formed(etcd: Etcd, store: &Path) -> Set {
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    set.extra_args = vec![
-        format!("--backup-url=file://{}", store.display()),
-        format!(
-            "--backup-scratch-dir={}",
-            set.root().join("scratch").display()
-        ),
-        "--backup-interval=1h".into(),
-        "--restore=latest".into(),
-    ];
-    set.extra_args
-        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
-    set.start_all(FORM).await.unwrap();
-    wait_for(FORM, "the leader's sidecar's first snapshot", || async {
-        std::fs::read_dir(store.join("snapshots")).is_ok_and(|d| {
-            d.filter_map(Result::ok)
-                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
-        })
-    })
-    .await;
+async fn formed(etcd: Etcd, store: &Path) -> BackedSet {
+    let backups = Backups::file(store).with(["--backup-interval=1h", "--restore=latest"]);
+    let set = BackedSet::form(STEWARD, etcd, 3, &backups, FORM)
+        .await
+        .unwrap();
+    first_snapshot(store, FORM).await;
     set
 }
 

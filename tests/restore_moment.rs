@@ -8,62 +8,31 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, GetOptions};
-use harness::loopback::Set;
-use harness::{wait_for, Etcd};
+use harness::loopback::{first_snapshot, BackedSet, Backups, Set};
+use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const FORM: Duration = Duration::from_secs(60);
 const RESTORE: Duration = Duration::from_secs(120);
 
-/// Stops the drills' throw-away etcds of a set when a scenario ends (as tests/archive.rs
-/// does). Declared before the set, so it runs after the set's own clean-up.
-struct DrillReaper(Option<PathBuf>);
-
-impl Drop for DrillReaper {
-    fn drop(&mut self) {
-        let Some(root) = &self.0 else { return };
-        let pattern = format!("data-dir={}/scratch-", root.display());
-        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
-            return;
-        };
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-}
-
 /// Three pods formed with backups in `store`, their leader's sidecar archiving every
 /// second; `--restore never`: only the operator's request restores. Returns once the first
 /// snapshot is stored, so every later write is the archive's.
-async fn formed(etcd: Etcd, store: &Path, reaper: &mut DrillReaper) -> Set {
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    reaper.0 = Some(set.root().to_path_buf());
-    set.extra_args = vec![
-        format!("--backup-url=file://{}", store.display()),
-        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
-        format!(
-            "--backup-scratch-dir={}",
-            set.root().join("scratch-{ordinal}").display()
-        ),
-        "--backup-interval=1h".into(),
-        "--archive-interval=1s".into(),
-        "--restore=never".into(),
-    ];
-    set.extra_args
-        .extend(harness::etcd::jump_args(&etcd.offline_tool()));
-    set.start_all(FORM).await.unwrap();
-    wait_for(FORM, "the leader's sidecar's first snapshot", || async {
-        std::fs::read_dir(store.join("snapshots")).is_ok_and(|d| {
-            d.filter_map(Result::ok)
-                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
-        })
-    })
-    .await;
+async fn formed(etcd: Etcd, store: &Path) -> BackedSet {
+    let backups = Backups::file(store).with([
+        "--backup-interval=1h",
+        "--archive-interval=1s",
+        "--restore=never",
+    ]);
+    let set = BackedSet::form(STEWARD, etcd, 3, &backups, FORM)
+        .await
+        .unwrap();
+    first_snapshot(store, FORM).await;
     set
 }
 
@@ -214,8 +183,7 @@ async fn highest_served(set: &Set) -> i64 {
 
 async fn restore_to_revision_takes_a_live_cluster_back_to_that_revision(etcd: Etcd) {
     let store = tempfile::tempdir().unwrap();
-    let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, store.path(), &mut reaper).await;
+    let mut set = formed(etcd, store.path()).await;
     let mut c = set.client(0).await.unwrap();
     let moment = put_early(&mut c, 12).await;
     let expected = written_keys(&mut c, Some(moment)).await;
@@ -263,8 +231,7 @@ fn rfc3339(t: SystemTime) -> String {
 
 async fn restore_to_time_takes_a_live_cluster_back_to_that_moment(etcd: Etcd) {
     let store = tempfile::tempdir().unwrap();
-    let mut reaper = DrillReaper(None);
-    let mut set = formed(etcd, store.path(), &mut reaper).await;
+    let mut set = formed(etcd, store.path()).await;
     let mut c = set.client(0).await.unwrap();
     let early = put_early(&mut c, 12).await;
     let expected = written_keys(&mut c, Some(early)).await;

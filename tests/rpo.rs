@@ -17,15 +17,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use etcd_client::GetOptions;
 use harness::chaos::Rng;
-use harness::loopback::Set;
+use harness::loopback::{first_snapshot, BackedSet, Backups, Set};
 use harness::paced::{percentile, Acked, PacedWriter};
-use harness::{wait_for, Etcd};
+use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
 const FORM: Duration = Duration::from_secs(60);
@@ -37,29 +35,6 @@ const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 const LOSS_MS: (u64, u64) = (10_000, 30_000);
 /// The values' size.
 const VALUE: usize = 1024;
-
-/// Stops the drills' throw-away etcds of a set when a run ends (as tests/archive.rs).
-struct DrillReaper(Option<PathBuf>);
-
-impl DrillReaper {
-    /// Kills the drills' etcds now (the loss kills their sidecars, not them).
-    fn reap(&self) {
-        let Some(root) = &self.0 else { return };
-        let pattern = format!("data-dir={}/scratch-", root.display());
-        let Ok(out) = Command::new("pgrep").args(["-f", &pattern]).output() else {
-            return;
-        };
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-}
-
-impl Drop for DrillReaper {
-    fn drop(&mut self) {
-        self.reap();
-    }
-}
 
 /// What one loss cost.
 struct Run {
@@ -117,27 +92,12 @@ async fn present(set: &Set, o: u32) -> HashSet<Vec<u8>> {
 /// `rate`, every volume lost at the seed's moment, the restore.
 async fn lose_every_volume_under_load(rate: u32, archive: Option<&str>, seed: u64) -> Run {
     let store = tempfile::tempdir().unwrap();
-    let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
-    let reaper = DrillReaper(Some(set.root().to_path_buf()));
-    set.extra_args = vec![
-        format!("--backup-url=file://{}", store.path().display()),
-        format!(
-            "--backup-scratch-dir={}",
-            set.root().join("scratch-{ordinal}").display()
-        ),
-    ];
-    set.extra_args
-        .extend(archive.map(|a| format!("--archive-interval={a}")));
-    set.extra_args
-        .extend(harness::etcd::jump_args(&Etcd::V3_5Current.offline_tool()));
-    set.start_all(FORM).await.unwrap();
-    wait_for(FORM, "the leader's sidecar's first snapshot", || async {
-        std::fs::read_dir(store.path().join("snapshots")).is_ok_and(|d| {
-            d.filter_map(Result::ok)
-                .any(|e| e.path().extension().is_some_and(|x| x == "json"))
-        })
-    })
-    .await;
+    let backups =
+        Backups::file(store.path()).with(archive.map(|a| format!("--archive-interval={a}")));
+    let mut set = BackedSet::form(STEWARD, Etcd::V3_5Current, 3, &backups, FORM)
+        .await
+        .unwrap();
+    first_snapshot(store.path(), FORM).await;
 
     let mut rng = Rng::new(seed);
     let lose_after = rng.millis(LOSS_MS.0, LOSS_MS.1);
@@ -155,7 +115,7 @@ async fn lose_every_volume_under_load(rate: u32, archive: Option<&str>, seed: u6
     let lost_at = writer.elapsed();
     let load = load_average();
     let report = writer.stop().await;
-    reaper.reap();
+    set.reap_drills();
     for o in 0..3 {
         set.wipe(o).unwrap();
     }

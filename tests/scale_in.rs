@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use harness::fake_kube::FakeKube;
-use harness::loopback::{Set, SERVICE};
+use harness::loopback::{BackedSet, Backups, Set, SERVICE};
 use harness::Etcd;
 
 const STEWARD: &str = env!("CARGO_BIN_EXE_etcd-steward");
@@ -257,29 +257,6 @@ async fn scale_in_3_5_current() {
     scaled_from_5_to_3_the_leader_removes_the_gone_ordinals_highest_first(Etcd::V3_5Current).await;
 }
 
-/// Stops the drills' throw-away etcds of a set when a scenario ends (the harness SIGKILLs
-/// sidecars; a drill's etcd would outlive its sidecar). Declared before the set, so it runs
-/// after the set's own clean-up.
-struct DrillReaper(Option<std::path::PathBuf>);
-
-impl Drop for DrillReaper {
-    fn drop(&mut self) {
-        let Some(root) = &self.0 else { return };
-        let pattern = format!("data-dir={}/scratch-", root.display());
-        let Ok(out) = std::process::Command::new("pgrep")
-            .args(["-f", &pattern])
-            .output()
-        else {
-            return;
-        };
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", pid])
-                .status();
-        }
-    }
-}
-
 /// The store's verified snapshots' (Unix time, revision), any order; nothing when it cannot
 /// be listed.
 async fn snapshots(url: &str) -> Vec<(u64, i64)> {
@@ -312,32 +289,19 @@ async fn with_backups_a_member_is_removed_only_after_a_fresh_snapshot(etcd: Etcd
         .await
         .unwrap();
     api.set(3, &[0, 1, 2]);
-    let mut reaper = DrillReaper(None);
-    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
-    reaper.0 = Some(set.root().to_path_buf());
-    let mut sidecar_args = vec![
-        "--scale-in".to_string(),
-        "--scale-in-interval=1s".into(),
-        format!("--kube-api-url=http://{}", api.addr()),
-        "--kube-token-file=/nonexistent/token".into(),
-        format!("--backup-url={url}"),
-        // One periodic snapshot (the first) and no other during the scenario.
-        "--backup-interval=1h".into(),
-        format!("--etcdutl-bin={}", etcd.offline_tool().display()),
-        format!(
-            "--backup-scratch-dir={}/scratch-{{ordinal}}",
-            set.root().display()
-        ),
-    ];
-    sidecar_args.extend(harness::etcd::jump_args(&etcd.offline_tool()));
-    for o in 0..3 {
-        set.set_dns(o, true).unwrap();
-        set.extra_args = sidecar_args.clone();
-        set.start_sidecar(o).unwrap();
-        set.extra_args = Vec::new();
-        set.start_init(o).unwrap();
-    }
-    set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
+    let backups = Backups::at(&url)
+        .with([
+            "--scale-in".to_string(),
+            "--scale-in-interval=1s".into(),
+            format!("--kube-api-url=http://{}", api.addr()),
+            "--kube-token-file=/nonexistent/token".into(),
+            // One periodic snapshot (the first) and no other during the scenario.
+            "--backup-interval=1h".into(),
+        ])
+        .sidecars_only();
+    let mut set = BackedSet::form(STEWARD, etcd, 3, &backups, WAIT)
+        .await
+        .unwrap();
     set.put_keys("k", 20).await.unwrap();
     harness::wait_for_or(
         WAIT,

@@ -260,6 +260,16 @@ impl Store {
         Ok(())
     }
 
+    /// Writes an object given in parts, one after another (no copy into one buffer).
+    pub async fn put_parts(&self, name: &str, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        let payload: PutPayload = parts.into_iter().map(Bytes::from).collect();
+        self.inner
+            .put(&self.path(name), payload)
+            .await
+            .map_err(|e| self.io("put", name, e))?;
+        Ok(())
+    }
+
     /// Reads a whole (small) object.
     pub async fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
         let got = self

@@ -5,11 +5,13 @@
 //! mount namespace whose /etc/resolv.conf names that dnsmasq, so both resolve the same
 //! names through the same server. Each set has its own 127.0.N.0/24; pod `o` is 127.0.N.(10+o).
 
+mod backed;
 mod cluster;
 mod faults;
 mod names;
 mod pods;
 
+pub use backed::{first_snapshot, BackedSet, Backups, DrillReaper};
 pub use faults::{LimitedVolumes, Partitions, FILL_FILE};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,6 +3,10 @@
 //! length-prefixed binary form, compressed with zstd (and, with a backup key, encrypted
 //! like the snapshots by the caller). Pure: bytes in, bytes out.
 //!
+//! The stored object is one zstd frame per [`FRAME`] bytes of the encoding, one after
+//! another (zstd reads concatenated frames as one stream; segments written as a single
+//! frame before read the same way).
+//!
 //! The encoding (before compression), all integers little-endian:
 //! `ESARCH1\n`, then `u32` lease count and per lease `i64 id, i64 ttl_seconds`, then
 //! `u32` revision count and per revision `i64 revision, u64 time_unix_ms, u32 op count`
@@ -16,6 +20,9 @@ use thiserror::Error;
 const MAGIC: &[u8; 8] = b"ESARCH1\n";
 /// zstd's level for segments: fast, and still several times smaller than the events.
 pub const ZSTD_LEVEL: i32 = 3;
+/// Bytes of the encoding compressed at a time, each block one zstd frame: zstd's memory
+/// is then this block and level 3's tables for it, not a window over the whole segment.
+pub const FRAME: usize = 256 << 10;
 
 /// One change inside a revision, in the order etcd applied it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,37 +103,26 @@ impl Segment {
     }
 
     /// The plain (uncompressed) encoding, in one allocation of exactly its length (a
-    /// segment is up to the 4 MiB cap: a buffer grown by doubling would hold up to twice
-    /// that, and the old and new buffers both while it grows).
+    /// segment is up to the cap: a buffer grown by doubling would hold up to twice that,
+    /// and the old and new buffers both while it grows).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_head(&mut out);
+        for r in &self.revisions {
+            encode_revision(&mut out, r);
+        }
+        out
+    }
+
+    /// The encoding up to the revisions: magic, leases, revision count.
+    fn encode_head(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
-        put_u32(&mut out, self.leases.len());
+        put_u32(out, self.leases.len());
         for (id, ttl) in &self.leases {
             out.extend_from_slice(&id.to_le_bytes());
             out.extend_from_slice(&ttl.to_le_bytes());
         }
-        put_u32(&mut out, self.revisions.len());
-        for r in &self.revisions {
-            out.extend_from_slice(&r.revision.to_le_bytes());
-            out.extend_from_slice(&r.time_unix_ms.to_le_bytes());
-            put_u32(&mut out, r.ops.len());
-            for op in &r.ops {
-                match op {
-                    Op::Put { key, value, lease } => {
-                        out.push(0);
-                        put_bytes(&mut out, key);
-                        put_bytes(&mut out, value);
-                        out.extend_from_slice(&lease.to_le_bytes());
-                    }
-                    Op::Delete { key } => {
-                        out.push(1);
-                        put_bytes(&mut out, key);
-                    }
-                }
-            }
-        }
-        out
+        put_u32(out, self.revisions.len());
     }
 
     /// Decodes [`Segment::encode`]'s output, checking the revisions increase.
@@ -215,6 +211,186 @@ impl Segment {
             .map(|(id, ttl)| (*id, *ttl))
             .collect();
         Segment { revisions, leases }
+    }
+}
+
+/// A segment built as the watch delivers it, compressed as it grows: each revision is
+/// encoded and compressed [`FRAME`] bytes at a time (each block one zstd frame) and its
+/// events dropped at once, so a segment in the making holds its compressed bytes, not its
+/// events, nor its plain encoding (the archiver's memory at a high write rate:
+/// BENCHMARKS.md, *Cost of the continuous archive*). The part before the revisions (the
+/// lease table and the revision count, known only at the end) is one more frame, put
+/// first when the segment is finished: the frames, one after another, decompress to
+/// exactly [`Segment::encode`]'s bytes.
+pub struct Builder {
+    /// The revisions' encoding compressed so far, frame after frame.
+    body: Vec<u8>,
+    /// The revisions' encoding not compressed yet (less than a frame).
+    block: Vec<u8>,
+    compressor: zstd::bulk::Compressor<'static>,
+    leases: BTreeMap<i64, i64>,
+    revisions: usize,
+    events: usize,
+    /// Bytes of the revisions' encoding.
+    plain: usize,
+    first: Option<(i64, u64)>,
+    last: Option<(i64, u64)>,
+}
+
+/// A finished segment: the stored object (before any encryption) in two parts, the head's
+/// frame then the revisions' frames, and what its manifest says of it.
+#[derive(Debug)]
+pub struct Built {
+    pub parts: [Vec<u8>; 2],
+    /// The plain encoding's length.
+    pub plain_size: usize,
+    pub revisions: usize,
+    pub events: usize,
+    pub leases: usize,
+    /// First and last revision, each with its time (Unix ms).
+    pub first: (i64, u64),
+    pub last: (i64, u64),
+}
+
+impl Builder {
+    /// An empty segment, its compressed bytes' room reserved for about `expected` plain
+    /// bytes (the cap: pages never written cost no memory, and a buffer grown by doubling
+    /// would copy itself).
+    pub fn new(expected: usize) -> std::io::Result<Self> {
+        let frames = expected.div_ceil(FRAME).max(1);
+        Ok(Builder {
+            body: Vec::with_capacity(zstd::zstd_safe::compress_bound(FRAME) * frames),
+            block: Vec::new(),
+            compressor: zstd::bulk::Compressor::new(ZSTD_LEVEL)?,
+            leases: BTreeMap::new(),
+            revisions: 0,
+            events: 0,
+            plain: 0,
+            first: None,
+            last: None,
+        })
+    }
+
+    /// A whole segment, built.
+    pub fn of(s: &Segment) -> std::io::Result<Self> {
+        let mut b = Builder::new(s.encoded_len())?;
+        b.leases = s.leases.clone();
+        for r in &s.revisions {
+            b.push(r)?;
+        }
+        Ok(b)
+    }
+
+    /// Appends revision `r` (after the last one).
+    pub fn push(&mut self, r: &Revision) -> std::io::Result<()> {
+        let before = self.block.len();
+        encode_revision(&mut self.block, r);
+        self.plain += self.block.len() - before;
+        self.revisions += 1;
+        self.events += r.ops.len();
+        self.first.get_or_insert((r.revision, r.time_unix_ms));
+        self.last = Some((r.revision, r.time_unix_ms));
+        if self.block.len() >= FRAME {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Records lease `id`'s granted TTL.
+    pub fn lease(&mut self, id: i64, ttl: i64) {
+        self.leases.insert(id, ttl);
+    }
+
+    pub fn has_lease(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    pub fn lease_ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.leases.keys().copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.revisions == 0
+    }
+
+    /// The last revision and its time, when any.
+    pub fn last(&self) -> Option<(i64, u64)> {
+        self.last
+    }
+
+    /// Compresses the block, [`FRAME`] bytes per frame, onto the body.
+    fn flush(&mut self) -> std::io::Result<()> {
+        for chunk in self.block.chunks(FRAME) {
+            compress_onto(&mut self.compressor, chunk, &mut self.body)?;
+        }
+        self.block.clear();
+        Ok(())
+    }
+
+    /// The stored object; `None` for a segment without a revision.
+    pub fn finish(mut self) -> std::io::Result<Option<Built>> {
+        let (Some(first), Some(last)) = (self.first, self.last) else {
+            return Ok(None);
+        };
+        self.flush()?;
+        let head = Segment {
+            revisions: Vec::new(),
+            leases: std::mem::take(&mut self.leases),
+        };
+        let mut plain = Vec::new();
+        head.encode_head(&mut plain);
+        // The real count, in place of the empty head's 0.
+        let count_at = plain.len() - 4;
+        plain[count_at..].copy_from_slice(
+            &u32::try_from(self.revisions)
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        let mut head_frame = Vec::new();
+        compress_onto(&mut self.compressor, &plain, &mut head_frame)?;
+        Ok(Some(Built {
+            parts: [head_frame, self.body],
+            plain_size: plain.len() + self.plain,
+            revisions: self.revisions,
+            events: self.events,
+            leases: head.leases.len(),
+            first,
+            last,
+        }))
+    }
+}
+
+/// Compresses `plain` as one zstd frame appended to `out`.
+fn compress_onto(
+    compressor: &mut zstd::bulk::Compressor<'static>,
+    plain: &[u8],
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    out.reserve(zstd::zstd_safe::compress_bound(plain.len()));
+    let mut at = std::io::Cursor::new(&mut *out);
+    at.set_position(at.get_ref().len() as u64);
+    compressor.compress_to_buffer(plain, &mut at)?;
+    Ok(())
+}
+
+/// One revision's encoding: revision, time, op count, its ops.
+fn encode_revision(out: &mut Vec<u8>, r: &Revision) {
+    out.extend_from_slice(&r.revision.to_le_bytes());
+    out.extend_from_slice(&r.time_unix_ms.to_le_bytes());
+    put_u32(out, r.ops.len());
+    for op in &r.ops {
+        match op {
+            Op::Put { key, value, lease } => {
+                out.push(0);
+                put_bytes(out, key);
+                put_bytes(out, value);
+                out.extend_from_slice(&lease.to_le_bytes());
+            }
+            Op::Delete { key } => {
+                out.push(1);
+                put_bytes(out, key);
+            }
+        }
     }
 }
 
@@ -342,6 +518,85 @@ mod tests {
             })
         ));
         assert!(Segment::decompress(b"not zstd at all", 1 << 20).is_err());
+    }
+
+    /// A segment of `revisions` puts of `value` bytes each (pseudo-random: incompressible),
+    /// one lease.
+    fn large(revisions: i64, value: usize) -> Segment {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut byte = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        };
+        Segment {
+            revisions: (1..=revisions)
+                .map(|r| Revision {
+                    revision: r,
+                    time_unix_ms: 1_795_000_000_000 + r as u64,
+                    ops: vec![Op::Put {
+                        key: format!("k/{r}").into_bytes(),
+                        value: (0..value).map(|_| byte()).collect(),
+                        lease: 7,
+                    }],
+                })
+                .collect(),
+            leases: BTreeMap::from([(7, 30)]),
+        }
+    }
+
+    /// The plain size of every zstd frame of `object`, in order.
+    fn frame_sizes(mut object: &[u8]) -> Vec<u64> {
+        let mut sizes = Vec::new();
+        while !object.is_empty() {
+            let len = zstd::zstd_safe::find_frame_compressed_size(object).unwrap();
+            sizes.push(
+                zstd::zstd_safe::get_frame_content_size(object)
+                    .unwrap()
+                    .unwrap(),
+            );
+            object = &object[len..];
+        }
+        sizes
+    }
+
+    #[test]
+    fn a_segment_built_as_it_comes_reads_back_exactly_as_written() {
+        // 5,000 revisions of 1 KiB (about 20 frames) and one revision larger than a frame.
+        let mut s = large(5_000, 1024);
+        s.revisions
+            .extend(large(1, 3 * FRAME).revisions.into_iter().map(|mut r| {
+                r.revision = 5_001;
+                r
+            }));
+        for s in [s, sample()] {
+            let built = Builder::of(&s).unwrap().finish().unwrap().unwrap();
+            assert_eq!(built.plain_size, s.encoded_len());
+            let object = built.parts.concat();
+            assert_eq!(Segment::decompress(&object, built.plain_size).unwrap(), s);
+            assert_eq!(
+                (built.revisions, built.events, built.leases),
+                (s.revisions.len(), s.events(), s.leases.len())
+            );
+            assert_eq!(built.first.0, s.first_revision().unwrap());
+            assert_eq!(built.last.0, s.last_revision().unwrap());
+        }
+        assert!(Builder::new(0).unwrap().finish().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_segment_in_the_making_holds_frames_no_larger_than_a_block_not_its_events() {
+        let s = large(5_000, 1024);
+        let built = Builder::of(&s).unwrap().finish().unwrap().unwrap();
+        let plain_len = built.plain_size;
+        // The head first, alone in its frame.
+        let head = frame_sizes(&built.parts[0]);
+        assert_eq!(head, vec![8 + 4 + 16 + 4]);
+        let sizes = frame_sizes(&built.parts[1]);
+        assert!(sizes.len() >= plain_len / FRAME, "{sizes:?}");
+        assert!(sizes.iter().all(|n| *n as usize <= FRAME), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<u64>() as usize, plain_len - 32);
     }
 
     #[test]

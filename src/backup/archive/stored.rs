@@ -6,7 +6,7 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::segment::{DecodeError, Segment, ZSTD_LEVEL};
+use super::segment::{Builder, DecodeError, Segment};
 use super::{parse_object, rfc3339_ms, segment_name, SegmentManifest, DIR};
 use crate::backup::crypt::{self, CryptError};
 use crate::backup::manifest::Encryption;
@@ -53,62 +53,70 @@ impl SegmentError {
     }
 }
 
-/// Stores `segment` of cluster `cluster_id`: the object first, its manifest last (a
-/// segment without a manifest is an incomplete upload, never read). The segment is
-/// dropped once encoded, so its events, its encoding and the compressed object are never
-/// all in memory at once (a segment is up to the 4 MiB cap).
+/// Stores `segment` of cluster `cluster_id` (see [`put_built`]).
 pub async fn put(
     store: &Store,
     cluster_id: u64,
     segment: Segment,
 ) -> Result<SegmentManifest, SegmentError> {
-    let (Some(first), Some(last)) = (segment.revisions.first(), segment.revisions.last()) else {
-        return Err(SegmentError::Empty {
-            name: "(empty)".into(),
-        });
-    };
-    let name = segment_name(first.revision, last.revision);
-    let (first, last) = (
-        (first.revision, first.time_unix_ms),
-        (last.revision, last.time_unix_ms),
-    );
-    let (revisions, events, leases) = (
-        segment.revisions.len() as u64,
-        segment.events() as u64,
-        segment.leases.len() as u64,
-    );
-    let plain = segment.encode();
+    let built = Builder::of(&segment).map_err(|e| SegmentError::Encrypt {
+        name: "(new)".into(),
+        detail: format!("zstd: {e}"),
+    })?;
     drop(segment);
-    let plain_size = plain.len() as u64;
-    let compressed =
-        zstd::bulk::compress(&plain, ZSTD_LEVEL).map_err(|e| SegmentError::Encrypt {
-            name: name.clone(),
+    put_built(store, cluster_id, built).await
+}
+
+/// Stores the segment `built` of cluster `cluster_id`: the object first, its manifest last
+/// (a segment without a manifest is an incomplete upload, never read). The object goes
+/// to the store in the builder's two parts, not copied into one buffer (unless it is
+/// encrypted).
+pub async fn put_built(
+    store: &Store,
+    cluster_id: u64,
+    built: Builder,
+) -> Result<SegmentManifest, SegmentError> {
+    let built = built
+        .finish()
+        .map_err(|e| SegmentError::Encrypt {
+            name: "(new)".into(),
             detail: format!("zstd: {e}"),
+        })?
+        .ok_or_else(|| SegmentError::Empty {
+            name: "(empty)".into(),
         })?;
-    drop(plain);
-    let (stored, encryption) = match &store.keys().write {
-        Some(key) => (
-            crypt::encrypt_bytes(key, &compressed).map_err(|e| SegmentError::Encrypt {
-                name: name.clone(),
-                detail: e.to_string(),
-            })?,
-            Some(Encryption {
+    let (first, last) = (built.first, built.last);
+    let name = segment_name(first.0, last.0);
+    let (parts, encryption) = match &store.keys().write {
+        Some(key) => {
+            let compressed = built.parts.concat();
+            let sealed =
+                crypt::encrypt_bytes(key, &compressed).map_err(|e| SegmentError::Encrypt {
+                    name: name.clone(),
+                    detail: e.to_string(),
+                })?;
+            let encryption = Encryption {
                 scheme: "age-x25519".into(),
                 key: key.fingerprint().to_string(),
-            }),
-        ),
-        None => (compressed, None),
+            };
+            (vec![sealed], Some(encryption))
+        }
+        None => (Vec::from(built.parts), None),
     };
+    let mut sha = Sha256::new();
+    for p in &parts {
+        sha.update(p);
+    }
     let m = SegmentManifest {
         cluster_id: format!("{cluster_id:x}"),
         first_revision: first.0,
         last_revision: last.0,
-        revisions,
-        events,
-        leases,
-        size: stored.len() as u64,
-        sha256: hex(&Sha256::digest(&stored)),
-        plain_size,
+        revisions: built.revisions as u64,
+        events: built.events as u64,
+        leases: built.leases as u64,
+        size: parts.iter().map(|p| p.len() as u64).sum(),
+        sha256: hex(&sha.finalize()),
+        plain_size: built.plain_size as u64,
         first_time: rfc3339_ms(first.1),
         first_time_unix_ms: first.1,
         last_time: rfc3339_ms(last.1),
@@ -117,7 +125,7 @@ pub async fn put(
         encryption,
         name,
     };
-    store.put(&m.seg_object(), stored).await?;
+    store.put_parts(&m.seg_object(), parts).await?;
     let json = serde_json::to_vec_pretty(&m).unwrap_or_default();
     store.put(&m.json_object(), json).await?;
     Ok(m)

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::chain::chain;
-use super::segment::{Op, Segment};
+use super::segment::{Builder, Op};
 use super::stored;
 use super::watch::{self, WatchError};
 use crate::backup::snapshot::EtcdSource;
@@ -157,7 +157,7 @@ impl Archiver {
             Ok(c) => c,
             Err(e) => return self.broken(source, e, report).await,
         };
-        let mut pending = Segment::default();
+        let mut pending = self.builder()?;
         let mut size = 0usize;
         loop {
             let got = match changes.next(now_ms).await {
@@ -175,19 +175,20 @@ impl Archiver {
                 for op in &r.ops {
                     size += op_size(op);
                     if let Op::Put { lease, .. } = op {
-                        if *lease != 0
-                            && !self.leases.contains(lease)
-                            && !pending.leases.contains_key(lease)
+                        if *lease != 0 && !self.leases.contains(lease) && !pending.has_lease(*lease)
                         {
                             let ttl = watch::lease_ttl(source, *lease)
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            pending.leases.insert(*lease, ttl);
+                            pending.lease(*lease, ttl);
                         }
                     }
                 }
                 size += 20;
-                pending.revisions.push(r);
+                // Encoded and compressed now; its events go.
+                pending
+                    .push(&r)
+                    .map_err(|e| format!("compressing a segment: {e}"))?;
             }
             if size >= self.cap {
                 self.store(&mut pending, current.cluster_id, report).await?;
@@ -198,21 +199,25 @@ impl Archiver {
         self.store(&mut pending, current.cluster_id, report).await
     }
 
+    /// A segment to fill, with room for the cap.
+    fn builder(&self) -> Result<Builder, String> {
+        Builder::new(self.cap).map_err(|e| format!("starting a segment: {e}"))
+    }
+
     /// Stores `pending` (when it holds anything) and moves the reach past it.
     async fn store(
         &mut self,
-        pending: &mut Segment,
+        pending: &mut Builder,
         cluster_id: u64,
         report: &mut RoundReport,
     ) -> Result<(), String> {
-        let Some(last) = pending.revisions.last() else {
+        let Some((last_revision, last_time_unix_ms)) = pending.last() else {
             return Ok(());
         };
-        let (last_revision, last_time_unix_ms) = (last.revision, last.time_unix_ms);
         // Taken: a failed put ends the round, and the next one watches again from the reach.
-        let segment = std::mem::take(pending);
-        let leases: Vec<i64> = segment.leases.keys().copied().collect();
-        let m = stored::put(&self.backups.store, cluster_id, segment)
+        let segment = std::mem::replace(pending, self.builder()?);
+        let leases: Vec<i64> = segment.lease_ids().collect();
+        let m = stored::put_built(&self.backups.store, cluster_id, segment)
             .await
             .map_err(|e| e.to_string())?;
         tracing::debug!(segment = %m.name, events = m.events, size = m.size, "archive segment stored");
