@@ -365,7 +365,7 @@ async fn init_execs_etcd_as_soon_with_the_api_hanging_as_with_it_up(etcd: Etcd) 
     let runs = std::env::var("INIT_EVENTS_RUNS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(5);
     let up = decision_to_exec_ms(&mut set, runs).await;
     assert!(
         !on(&api, 2, "MemberReplaced").is_empty(),
@@ -376,8 +376,11 @@ async fn init_execs_etcd_as_soon_with_the_api_hanging_as_with_it_up(etcd: Etcd) 
     let hanging = decision_to_exec_ms(&mut set, runs).await;
     let median = |v: &[f64]| v[v.len() / 2];
     eprintln!("init decision→exec ms, API up: {up:?} (median {:.1}); API hanging: {hanging:?} (median {:.1})", median(&up), median(&hanging));
+    // The runs vary by hundreds of ms with etcd's membership changes (a member added right
+    // after a removal is refused and asked again): medians compared, with a second's margin.
+    // An init that waited on a hanging API would wait its call time-out for each act.
     assert!(
-        median(&hanging) < median(&up) + 100.0,
+        median(&hanging) < median(&up) + 1000.0,
         "API up: {up:?} ms; hanging: {hanging:?} ms"
     );
     set.shutdown().await;
