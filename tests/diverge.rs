@@ -461,6 +461,20 @@ async fn a_diverged_member_is_rebuilt_from_its_peers(etcd: Etcd, which: Changed)
         || format!("{:#?}", api.events()),
     )
     .await;
+    // init's set-aside is an Event too (posted by the sidecar from init's journal).
+    wait_for_or(
+        FOUND,
+        "a DataSetAside Event naming the diverged set-aside",
+        || async {
+            api.events().iter().any(|e| {
+                e["reason"] == "DataSetAside"
+                    && e["regarding"]["name"] == format!("etcd-{changed}").as_str()
+                    && e["note"].as_str().is_some_and(|n| n.contains("-diverged"))
+            })
+        },
+        || format!("{:#?}", api.events()),
+    )
+    .await;
     if alarm_seen {
         wait_for_or(
             FOUND,
