@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod backups;
 pub mod hashes;
+pub mod history;
 pub use backups::*;
 
 /// Member and cluster IDs as etcd prints them: lowercase hex.

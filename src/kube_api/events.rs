@@ -393,6 +393,8 @@ impl EventApi for ApiEvents {
 pub struct Events {
     tx: Option<mpsc::Sender<Act>>,
     failed: Counter,
+    /// Every act posted, kept and counted whether or not Events are on.
+    acts: super::acts::Acts,
 }
 
 impl Default for Events {
@@ -407,6 +409,7 @@ impl Events {
         Events {
             tx: None,
             failed: Counter::default(),
+            acts: super::acts::Acts::default(),
         }
     }
 
@@ -418,19 +421,27 @@ impl Events {
         Events {
             tx: Some(tx),
             failed,
+            acts: super::acts::Acts::default(),
         }
     }
 
-    /// Queues `reason` with `note`; never waits.
+    /// The same handle, keeping and counting its acts in `acts`.
+    pub fn with_acts(mut self, acts: super::acts::Acts) -> Events {
+        self.acts = acts;
+        self
+    }
+
+    /// Where the acts posted are kept and counted.
+    pub fn acts(&self) -> &super::acts::Acts {
+        &self.acts
+    }
+
+    /// Keeps and counts `reason` with `note`, and queues it for the API; never waits.
     pub fn post(&self, reason: Reason, note: impl Into<String>) {
+        let note = note.into();
+        self.acts.record(reason.as_str(), &note, SystemTime::now());
         let Some(tx) = &self.tx else { return };
-        if tx
-            .try_send(Act {
-                reason,
-                note: note.into(),
-            })
-            .is_err()
-        {
+        if tx.try_send(Act { reason, note }).is_err() {
             self.failed.inc();
         }
     }
