@@ -85,15 +85,20 @@ async fn history_tells_a_restore_then_a_replacement_across_pods(etcd: Etcd) {
     })
     .await;
 
-    let json: serde_json::Value = serde_json::from_str(
-        &steward_ok(
-            &set,
-            0,
-            &["status", "--history", "--since", "1h", "-o", "json"],
-        )
-        .await,
-    )
-    .unwrap();
+    // Every pod answers (asked again while one is slow to, on a loaded machine).
+    let mut json = serde_json::Value::Null;
+    for _ in 0..10 {
+        let args = ["status", "--history", "--since", "1h", "-o", "json"];
+        json = serde_json::from_str(&steward_ok(&set, 0, &args).await).unwrap();
+        if json["unanswered"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        json["unanswered"].as_array().unwrap().is_empty(),
+        "{json:#}"
+    );
     let acts = acts(&json);
     let at = |pod: &str, act: &str| {
         acts.iter()
@@ -127,10 +132,6 @@ async fn history_tells_a_restore_then_a_replacement_across_pods(etcd: Etcd) {
     assert!(
         times.windows(2).all(|w| w[0] <= w[1]),
         "newest last: {json:#}"
-    );
-    assert!(
-        json["unanswered"].as_array().unwrap().is_empty(),
-        "{json:#}"
     );
 
     let text = steward_ok(&set, 1, &["status", "--history"]).await;
