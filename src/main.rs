@@ -156,6 +156,18 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             commands::leave::rejoin(&args.common.validate()?)?;
             Ok(Exit::Success)
         }
+        Command::Status(args) if args.history => {
+            let since = args.since;
+            let t = with_cluster(args.common.validate()?, |cfg, dns, connector| {
+                commands::history::gather(cfg, dns, connector, since)
+            })?;
+            if args.output == "json" {
+                println!("{}", serde_json::to_string(&t)?);
+            } else {
+                print!("{}", commands::history::render(&t));
+            }
+            Ok(Exit::Success)
+        }
         Command::Status(args) => {
             let s = with_cluster(args.common.validate()?, commands::status::gather)?;
             if args.output == "json" {

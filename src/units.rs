@@ -68,9 +68,62 @@ pub fn parse_duration_at_least(s: &str, min: Duration, example: &str) -> Result<
     }
 }
 
+/// A moment as `status` shows it: RFC 3339 in UTC and how long before `now` (Unix seconds
+/// both): `2026-11-27T15:31:09Z (4m ago)`.
+pub fn moment(ts: u64, now: u64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(ts);
+    format!(
+        "{} ({})",
+        humantime::format_rfc3339_seconds(at),
+        ago(ts, now)
+    )
+}
+
+/// How long before `now` `ts` was, in its two largest units: `just now`, `40s ago`,
+/// `4m ago`, `2h5m ago`, `3d4h ago`; `in 5s` for a moment after `now` (another pod's clock).
+pub fn ago(ts: u64, now: u64) -> String {
+    let (secs, later) = match now.checked_sub(ts) {
+        Some(d) => (d, false),
+        None => (ts - now, true),
+    };
+    let span = match secs {
+        0 => return "just now".into(),
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => match (s / 3600, s % 3600 / 60) {
+            (h, 0) => format!("{h}h"),
+            (h, m) => format!("{h}h{m}m"),
+        },
+        s => match (s / 86_400, s % 86_400 / 3600) {
+            (d, 0) => format!("{d}d"),
+            (d, h) => format!("{d}d{h}h"),
+        },
+    };
+    if later {
+        format!("in {span}")
+    } else {
+        format!("{span} ago")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moments_read_as_a_date_and_how_long_ago() {
+        let now = 1_795_629_450;
+        assert_eq!(
+            moment(now - 4 * 60 - 12, now),
+            "2026-11-25T17:53:18Z (4m ago)"
+        );
+        assert_eq!(ago(now, now), "just now");
+        assert_eq!(ago(now - 40, now), "40s ago");
+        assert_eq!(ago(now - 2 * 3600 - 5 * 60, now), "2h5m ago");
+        assert_eq!(ago(now - 3600, now), "1h ago");
+        assert_eq!(ago(now - 3 * 86_400 - 4 * 3600 - 7, now), "3d4h ago");
+        assert_eq!(ago(now + 5, now), "in 5s");
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

@@ -1056,6 +1056,42 @@ mod scenarios {
         }
         c.say("the leader's sidecar removed pod 3's member");
         assert_eq!(scale_in_removals(&c, &[0, 1, 2, 4]).await, 1);
+        // The removal is one ScaledIn Event, on the pod whose sidecar removed it (a
+        // running one), naming pod 3's member, in the API's own shape.
+        let scaled_in = || {
+            api.events()
+                .into_iter()
+                .filter(|e| e["reason"] == "ScaledIn")
+                .collect::<Vec<_>>()
+        };
+        let deadline = Instant::now() + PROGRESS;
+        while scaled_in().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "a ScaledIn Event within {PROGRESS:?}: {:#?}",
+                api.events()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let events = scaled_in();
+        assert_eq!(events.len(), 1, "{events:#?}");
+        let e = &events[0];
+        let on = e["regarding"]["name"].as_str().unwrap_or_default();
+        assert!(
+            three.iter().any(|p| p == on),
+            "posted by a running pod: {e:#}"
+        );
+        assert_eq!(e["regarding"]["kind"], "Pod", "{e:#}");
+        assert_eq!(e["reportingController"], "etcd-steward", "{e:#}");
+        assert_eq!(e["reportingInstance"], on, "{e:#}");
+        assert!(
+            e["note"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&format!("removed member {old3:x}")),
+            "{e:#}"
+        );
+        c.say(&format!("ScaledIn Event on {on}"));
 
         // Pod 4's preStop hook removes its own member; the leader would not (its pod is
         // listed). Then the pod is gone.

@@ -1263,3 +1263,48 @@ mod control {
         Ok(())
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// /peer/history: this pod's part of `status --history`, on the peer-facing port only
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_history_is_served_on_the_peer_port_only_with_inits_decisions_and_the_sidecars_acts(
+) -> TestResult {
+    use etcd_steward::facts::history::{By, PodHistory};
+    let dir = tempfile::tempdir()?;
+    record(dir.path(), "replace")?;
+    record(dir.path(), "join")?;
+    let state = bare_state(dir.path());
+    state.acts.record(
+        "Promoted",
+        "learner a1 promoted to voter",
+        std::time::SystemTime::now(),
+    );
+    let get = || Request::get("/peer/history").body(Body::empty());
+
+    let resp = peer_router(state.clone()).oneshot(get()?).await?;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await?.to_bytes();
+    let history: PodHistory = serde_json::from_slice(&body)?;
+    assert_eq!(history.name, POD);
+    let acts: Vec<(By, &str)> = history
+        .entries
+        .iter()
+        .map(|e| (e.by, e.act.as_str()))
+        .collect();
+    assert_eq!(
+        acts,
+        [
+            (By::Init, "replace"),
+            (By::Init, "join"),
+            (By::Sidecar, "Promoted")
+        ],
+        "oldest first"
+    );
+
+    // Not on the probe port, which anyone may reach.
+    let resp = plain_port(state).oneshot(get()?).await?;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    Ok(())
+}

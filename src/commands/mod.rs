@@ -6,6 +6,7 @@
 //! share [`hand_over`] here.
 
 pub mod backups;
+pub mod history;
 pub mod leave;
 pub mod recover;
 pub mod restore;

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
 use crate::facts::{LastDecision, MemberInfo, PeerReport, Waiting};
-use crate::units::mib_or_gib;
+use crate::units::{mib_or_gib, moment};
 
 const CALL: Duration = Duration::from_secs(2);
 
@@ -55,6 +55,9 @@ pub struct BackupStatus {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ClusterStatus {
+    /// When the pods were asked (Unix seconds): the times the screen shows are said
+    /// relative to it.
+    pub at: u64,
     pub cluster_id: Option<String>,
     /// The leader's pod (or member ID when no pod claims it).
     pub leader: Option<String>,
@@ -238,6 +241,7 @@ where
         .filter_map(|(_, _, _, r)| r.as_ref().ok()?.hash_check.clone())
         .max_by_key(|c| c.at);
     Ok(ClusterStatus {
+        at: crate::clock::unix_now(),
         corruption_check,
         cluster_id,
         leader,
@@ -360,7 +364,7 @@ pub fn render(s: &ClusterStatus) -> String {
         let last = match &p.last_decision {
             Some(d) => {
                 let reason: String = d.reason.chars().take(90).collect();
-                format!("{} @{}: {reason}", d.action, d.ts)
+                format!("{} {}: {reason}", d.action, moment(d.ts, s.at))
             }
             None => "-".into(),
         };
@@ -373,15 +377,19 @@ pub fn render(s: &ClusterStatus) -> String {
         }
         if let Some(w) = &p.waiting {
             out.push_str(&format!(
-                "{}: init is waiting (since @{}): {}\n",
-                p.pod, w.since, w.reason
+                "{}: init is waiting (since {}): {}\n",
+                p.pod,
+                moment(w.since, s.at),
+                w.reason
             ));
         }
     }
     if let Some(c) = &s.corruption_check {
         out.push_str(&format!(
-            "\ncorruption check @{} by {:x}: {}\n",
-            c.at, c.checker, c.verdict
+            "\ncorruption check {} by {:x}: {}\n",
+            moment(c.at, s.at),
+            c.checker,
+            c.verdict
         ));
     }
     if let Some(b) = &s.backups {
@@ -406,7 +414,7 @@ pub fn render(s: &ClusterStatus) -> String {
     out
 }
 
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -476,6 +484,7 @@ mod tests {
             reason: "no backup is usable: s1 is encrypted to key sha256:aa".into(),
         });
         let s = ClusterStatus {
+            at: 1_700_000_400,
             cluster_id: Some("64a97c88a32f23bf".into()),
             leader: Some("etcd-0".into()),
             voters: 3,
@@ -519,12 +528,12 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("etcd-2: init is waiting (since @1700000100): no backup is usable: s1 is encrypted to key sha256:aa\n"),
+            text.contains("etcd-2: init is waiting (since 2023-11-14T22:15:00Z (5m ago)): no backup is usable: s1 is encrypted to key sha256:aa\n"),
             "{text}"
         );
         assert!(text.contains("member etcd-9 (abc): listed by the cluster, no pod answers for it"));
         assert!(
-            text.contains("restart @1700000000: the volume holds"),
+            text.contains("restart 2023-11-14T22:13:20Z (6m ago): the volume holds"),
             "{text}"
         );
         assert!(
@@ -532,7 +541,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("corruption check @1700000200 by a: diverged at revision 9: b answered 00000009; the majority of the 3 voters (a, c) answered 00000007\n"),
+            text.contains("corruption check 2023-11-14T22:16:40Z (3m ago) by a: diverged at revision 9: b answered 00000009; the majority of the 3 voters (a, c) answered 00000007\n"),
             "{text}"
         );
         assert!(
@@ -568,8 +577,31 @@ mod tests {
     }
 
     #[test]
+    fn the_screen_shows_no_bare_unix_seconds() {
+        let mut s = ClusterStatus {
+            at: 1_700_000_400,
+            cluster_id: None,
+            leader: None,
+            voters: 0,
+            learners: 0,
+            other_members: vec![],
+            pods: vec![pod("etcd-0", "no leader", None)],
+            backups: None,
+            corruption_check: Some(diverged_check()),
+        };
+        s.pods[0].waiting = Some(Waiting {
+            since: 1_700_000_100,
+            kind: "NoProofYet".into(),
+            reason: "waiting".into(),
+        });
+        let text = render(&s);
+        assert!(!text.contains('@') && !text.contains("17000"), "{text}");
+    }
+
+    #[test]
     fn without_quorum_the_screen_says_so() {
         let s = ClusterStatus {
+            at: 1_700_000_400,
             cluster_id: None,
             leader: None,
             voters: 0,

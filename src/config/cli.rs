@@ -365,6 +365,13 @@ pub struct StatusArgs {
     /// `text` (one screen) or `json` (the same data, for scripts).
     #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "json"])]
     pub output: String,
+    /// Instead of the screen, one timeline of every pod's acts, newest last: the decisions
+    /// `init` recorded on each volume and each sidecar's acts (time, pod, act, reason).
+    #[arg(long)]
+    pub history: bool,
+    /// With --history, only the acts of this last while (`1h`, `30m`, `2d`).
+    #[arg(long, requires = "history", value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
 }
 
 /// `restore`'s options: exactly one of `--snapshot`, `--to-revision`, `--to-time`.

@@ -208,6 +208,31 @@ fn a_missing_etcd_binary_is_a_configuration_error() {
 }
 
 #[test]
+fn status_history_takes_since_as_a_duration_and_since_needs_history() {
+    match parse(&[
+        "etcd-steward",
+        "status",
+        "--hostname-fallback",
+        "",
+        "--history",
+        "--since",
+        "1h",
+    ])
+    .command
+    {
+        Command::Status(a) => {
+            assert!(a.history);
+            assert_eq!(a.since, Some(std::time::Duration::from_secs(3600)));
+        }
+        _ => panic!("status parses as status"),
+    }
+    assert!(Cli::try_parse_from(["etcd-steward", "status", "--since", "1h"]).is_err());
+    assert!(
+        Cli::try_parse_from(["etcd-steward", "status", "--history", "--since", "soon"]).is_err()
+    );
+}
+
+#[test]
 fn unknown_options_are_rejected_by_the_parser() {
     assert!(Cli::try_parse_from(["etcd-steward", "init", "--bogus"]).is_err());
 }

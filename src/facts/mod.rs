@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 mod backups;
 pub mod hashes;
+pub mod history;
 pub mod rebuild;
 pub use backups::*;
 

@@ -405,6 +405,8 @@ impl EventApi for ApiEvents {
 pub struct Events {
     tx: Option<mpsc::Sender<Posting>>,
     failed: Counter,
+    /// Every act posted, kept and counted whether or not Events are on.
+    acts: super::acts::Acts,
 }
 
 impl Default for Events {
@@ -419,6 +421,7 @@ impl Events {
         Events {
             tx: None,
             failed: Counter::default(),
+            acts: super::acts::Acts::default(),
         }
     }
 
@@ -430,16 +433,29 @@ impl Events {
         Events {
             tx: Some(tx),
             failed,
+            acts: super::acts::Acts::default(),
         }
     }
 
-    /// Queues `reason` with `note`; never waits.
+    /// The same handle, keeping and counting its acts in `acts`.
+    pub fn with_acts(mut self, acts: super::acts::Acts) -> Events {
+        self.acts = acts;
+        self
+    }
+
+    /// Where the acts posted are kept and counted.
+    pub fn acts(&self) -> &super::acts::Acts {
+        &self.acts
+    }
+
+    /// Keeps and counts `reason` with `note`, and queues it for the API; never waits.
     pub fn post(&self, reason: Reason, note: impl Into<String>) {
+        let note = note.into();
+        // The sidecar's own acts, for `status --history` and `etcd_steward_acts_total`
+        // (init's come from its journal: not kept here twice).
+        self.acts.record(reason.as_str(), &note, SystemTime::now());
         self.queue(Posting {
-            act: Act {
-                reason,
-                note: note.into(),
-            },
+            act: Act { reason, note },
             name: None,
             at: None,
         });

@@ -21,6 +21,7 @@ use thiserror::Error;
 
 use crate::identity::parse_pod_name;
 
+pub mod acts;
 pub mod events;
 
 /// The service account's files, as Kubernetes mounts them in every pod.

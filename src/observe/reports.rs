@@ -119,6 +119,49 @@ impl PeerReports for HttpReports {
     }
 }
 
+impl HttpReports {
+    /// Pod `name`'s part of `status --history` (`/peer/history` on its peer-report port,
+    /// over peer TLS when on), or why there is none.
+    pub async fn history(
+        &self,
+        name: &str,
+        host: &str,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> Result<crate::facts::history::PodHistory, String> {
+        use crate::facts::history::{PodHistory, MAX_ANSWER_BYTES};
+        let addr = SocketAddr::new(ip, self.port);
+        let tls = self
+            .tls
+            .as_ref()
+            .map(crate::tls::TlsMaterial::client_config);
+        let (status, body) = http_client::get_with(
+            addr,
+            host,
+            "/peer/history",
+            timeout,
+            MAX_ANSWER_BYTES,
+            tls.as_ref(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        match status {
+            200 => {}
+            404 => return Err("its sidecar serves no history (an older release)".into()),
+            other => return Err(format!("answered HTTP {other}")),
+        }
+        let history: PodHistory = serde_json::from_slice(&body)
+            .map_err(|e| format!("not a history of the expected shape: {e}"))?;
+        if history.name != name {
+            return Err(format!(
+                "the history names pod {:?}, expected {name:?}",
+                history.name
+            ));
+        }
+        Ok(history)
+    }
+}
+
 /// GETs and checks a peer's report of its volume.
 pub async fn fetch_report(
     addr: SocketAddr,

@@ -273,14 +273,16 @@ fn events(cfg: &Config, registry: &mut Registry) -> crate::kube_api::events::Eve
         "Kubernetes Events not posted: refused or unanswered by the API, or dropped while it was slow",
         failed.clone(),
     );
+    // Kept for `/peer/history` and counted whether or not they are posted.
+    let acts = crate::kube_api::acts::Acts::register(registry);
     let (Some(regarding), Some(access)) = (&cfg.events, &cfg.kube) else {
-        return Events::off();
+        return Events::off().with_acts(acts);
     };
     match ApiEvents::new(access) {
-        Ok(api) => Events::start(api, regarding.clone(), failed),
+        Ok(api) => Events::start(api, regarding.clone(), failed).with_acts(acts),
         Err(e) => {
             tracing::warn!(error = %e, "Kubernetes Events are off: the API client cannot be set up");
-            Events::off()
+            Events::off().with_acts(acts)
         }
     }
 }
@@ -423,6 +425,7 @@ where
     );
     state.vouch = sidecar.vouch();
     state.rebuild = sidecar.rebuild.inbox.clone();
+    state.acts = sidecar.jobs.events.acts().clone();
     if let (Some(checks), Some(every)) = (&mut sidecar.jobs.corruption, cfg.corruption_check) {
         state.hash_check = checks.known();
         checks.reader = Some(execute::corruption::LeaderReader::new(

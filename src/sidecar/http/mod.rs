@@ -4,6 +4,7 @@
 //! slow or without quorum.
 
 pub mod control;
+pub mod history;
 pub mod metrics;
 pub mod report;
 pub mod routes;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub control: control::Control,
     /// The newest corruption check the loop knows, for the report.
     pub hash_check: watch::Receiver<Option<crate::facts::hashes::HashCheck>>,
+    /// The acts this sidecar posted, for `/peer/history`.
+    pub acts: crate::kube_api::acts::Acts,
 }
 
 impl AppState {
@@ -66,6 +69,7 @@ impl AppState {
             tail: Arc::new(TailCache::new(data_dir)),
             vouch: watch::channel(None).1,
             hash_check: watch::channel(None).1,
+            acts: crate::kube_api::acts::Acts::default(),
             // Off until the sidecar says how control requests are authenticated.
             control: control::Control::unregistered(
                 crate::control::ControlAuth::Off,

@@ -9,6 +9,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use super::control::{accept_rebuild, accept_recovery, accept_restore};
+use super::history::peer_history;
 use super::metrics::{self, Format};
 use super::report::peer_report;
 use super::AppState;
@@ -67,12 +68,13 @@ pub fn report_router(state: AppState) -> Router {
 }
 
 /// The peer-facing surface, served on `--peer-report-port` only: the report other pods take
-/// as bootstrap evidence, and the control requests the operator's commands send
+/// as bootstrap evidence, this pod's part of `status --history` (`/peer/history`), and the control requests the operator's commands send
 /// (`recover --yes`, `restore --yes`; see [`super::control`]). Over mutual TLS with peer
 /// TLS, plain HTTP without (control requests then need the token).
 pub fn peer_router(state: AppState) -> Router {
     Router::new()
         .route("/peer/report", get(peer_report))
+        .route("/peer/history", get(peer_history))
         .route("/peer/recovery", post(accept_recovery))
         .route("/peer/restore", post(accept_restore))
         .route("/peer/rebuild", post(accept_rebuild))
