@@ -105,10 +105,13 @@ async fn history_tells_a_restore_then_a_replacement_across_pods(etcd: Etcd) {
             .position(|(p, a, _)| p == pod && a == act)
             .unwrap_or_else(|| panic!("{pod} {act} in the timeline: {json:#}"))
     };
+    // The re-formation from the backup: each pod whose volume still holds its record
+    // bootstrapped; the pod that started it first says it restored from the backup (the
+    // other may say it started as that formation's member, whichever came second).
     let restored: Vec<usize> = acts
         .iter()
         .enumerate()
-        .filter(|(_, (_, a, r))| a == "bootstrap" && r.contains("restor"))
+        .filter(|(_, (p, a, _))| a == "bootstrap" && (p == "etcd-0" || p == "etcd-1"))
         .map(|(i, _)| i)
         .collect();
     let restoring_pods: std::collections::BTreeSet<&str> =
@@ -116,6 +119,12 @@ async fn history_tells_a_restore_then_a_replacement_across_pods(etcd: Etcd) {
     assert!(
         restoring_pods.contains("etcd-0") && restoring_pods.contains("etcd-1"),
         "the restore on the pods whose volumes still hold its record: {json:#}"
+    );
+    assert!(
+        restored
+            .iter()
+            .any(|i| acts[*i].2.contains("restored from backup")),
+        "the restore named: {json:#}"
     );
     let replaced = at("etcd-2", "replace");
     let promoted = at("etcd-2", "Promoted");

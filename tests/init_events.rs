@@ -229,7 +229,13 @@ async fn no_usable_backup_is_restore_held_on_the_waiting_pods(etcd: Etcd) {
         api.events()
     );
     let formed: usize = (0..3).map(|o| on(&api, o, "Bootstrapped").len()).sum();
-    assert_eq!(formed, 3, "only the first formation: {:#?}", api.events());
+    // Only the first formation (a pod whose volume was wiped before its sidecar posted its
+    // Bootstrapped never posts it: the journal went with the volume).
+    assert!(
+        (1..=3).contains(&formed),
+        "only the first formation: {:#?}",
+        api.events()
+    );
     assert!(
         api.events()
             .iter()
