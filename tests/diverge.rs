@@ -558,6 +558,84 @@ async fn three_different_hashes_rebuild_nothing_and_say_why(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// A rebuild request made up by a holder of the control token (the answers it carries
+/// claim a majority hash no member has) is refused: the healthy member's sidecar asks the
+/// majority again itself, and nothing is stopped or set aside.
+async fn a_made_up_rebuild_request_is_refused_and_sets_nothing_aside(etcd: Etcd) {
+    use etcd_steward::facts::hashes::{judge, Answered, HashAnswer, HashCheck, HashRound};
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--corruption-check-interval=0".into()];
+    set.start_all(FORM).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    let leader = set.leader().await.unwrap();
+    let target = (0..3).find(|o| *o != leader).unwrap();
+    let mut ids = Vec::new();
+    for o in 0..3 {
+        ids.push(set.member_id(o).await.unwrap());
+    }
+    let revision = set.revision(target).await.unwrap();
+    let real = set
+        .client(target)
+        .await
+        .unwrap()
+        .hash_kv(revision)
+        .await
+        .unwrap();
+    // The other two "answered" another hash: a majority that does not exist.
+    let answers: Vec<HashAnswer> = (0..3)
+        .map(|o| HashAnswer {
+            member: ids[o as usize],
+            got: Answered::Hash {
+                hash: if o == target {
+                    real.hash()
+                } else {
+                    real.hash() ^ 1
+                },
+                compact_revision: real.compact_version(),
+            },
+        })
+        .collect();
+    let verdict = judge(&HashRound {
+        revision,
+        voters: ids.clone(),
+        answers: answers.clone(),
+    });
+    let check = HashCheck {
+        at: etcd_steward::clock::unix_now(),
+        checker: ids[leader as usize],
+        answers,
+        verdict,
+    };
+    let request = etcd_steward::facts::rebuild::RebuildRequest::new(
+        ids[target as usize],
+        check,
+        etcd_steward::clock::unix_now() + 600,
+    );
+    let token = std::fs::read_to_string(set.control_token.as_ref().unwrap()).unwrap();
+    let (status, body) = etcd_steward::http_client::post_json(
+        std::net::SocketAddr::new(set.pod(target).ip.into(), 8443),
+        &set.host(target),
+        "/peer/rebuild",
+        etcd_steward::http_client::Post {
+            body: serde_json::to_vec(&request).unwrap(),
+            authorization: Some(format!("Bearer {}", token.trim())),
+        },
+        Duration::from_secs(30),
+        None,
+    )
+    .await
+    .unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("not the majority's"), "{body}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set.restart_exited().unwrap();
+    assert_eq!(set.member_id(target).await.unwrap(), ids[target as usize]);
+    assert!(!set.data_dir(target).join("set-aside").exists());
+    assert!(set.ready(target).await);
+    set.shutdown().await;
+}
+
 async fn a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared(etcd: Etcd) {
     a_diverged_member_is_rebuilt_from_its_peers(etcd, Changed::Follower).await;
 }
@@ -613,5 +691,6 @@ harness::per_etcd_version!(
     etcd_refuses_to_start_on_data_that_differs_from_its_peers,
     a_diverged_follower_is_rebuilt_and_the_corrupt_alarm_cleared,
     a_diverged_leader_is_rebuilt_from_its_peers,
-    three_different_hashes_rebuild_nothing_and_say_why
+    three_different_hashes_rebuild_nothing_and_say_why,
+    a_made_up_rebuild_request_is_refused_and_sets_nothing_aside
 );

@@ -106,6 +106,41 @@ pub fn confirmed(d: &Divergence, own: Result<(u32, i64), String>) -> Result<(), 
     }
 }
 
+/// A member's `HashKV` answer (the hash and the compacted revision), or why there is none.
+pub type HashKv = Result<(u32, i64), String>;
+
+/// Pure: the majority's answers asked again by this member's own sidecar (`answers`: each
+/// agreeing member's `HashKV` at the proof's revision, or why it did not answer). Every
+/// member the proof counts as agreeing must answer the majority's hash again: the answers a
+/// request carries are never taken on its word, so a request made up by a holder of the
+/// control token cannot set a healthy member's data aside.
+pub fn reasked(d: &Divergence, answers: &[(u64, HashKv)]) -> Result<(), String> {
+    for member in &d.agreeing {
+        match answers.iter().find(|(m, _)| m == member).map(|(_, a)| a) {
+            None => {
+                return Err(format!(
+                    "member {member:x}, which the proof counts as the majority's, was not asked again"
+                ))
+            }
+            Some(Err(e)) => {
+                return Err(format!(
+                    "member {member:x}, which the proof counts as the majority's, did not answer again ({e}): nothing is set aside on silence"
+                ))
+            }
+            Some(Ok((hash, compacted)))
+                if *hash != d.majority_hash || *compacted != d.compact_revision =>
+            {
+                return Err(format!(
+                    "member {member:x} answers HashKV {hash:08x} (compacted at {compacted}) at revision {}, not the majority's {:08x} the proof claims",
+                    d.revision, d.majority_hash
+                ))
+            }
+            Some(Ok(_)) => {}
+        }
+    }
+    Ok(())
+}
+
 fn ids(set: &BTreeSet<u64>) -> String {
     let list: Vec<String> = set.iter().map(|m| format!("{m:x}")).collect();
     format!("[{}]", list.join(", "))
@@ -202,6 +237,26 @@ mod tests {
             u64::MAX,
         );
         assert!(proves(&silent, &[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn the_majoritys_answers_are_asked_again_and_a_made_up_majority_is_refused() {
+        let r = diverged_3();
+        let d = proves(&r, &[1, 2, 3]).unwrap();
+        assert!(reasked(d, &[(1, Ok((0xaa, 5))), (2, Ok((0xaa, 5)))]).is_ok());
+        // A request whose majority hash no member answers: made up.
+        assert!(reasked(d, &[(1, Ok((0xbb, 5))), (2, Ok((0xbb, 5)))])
+            .unwrap_err()
+            .contains("not the majority's"));
+        // One of the majority silent, or not asked: nothing.
+        assert!(
+            reasked(d, &[(1, Ok((0xaa, 5))), (2, Err("timed out".into()))])
+                .unwrap_err()
+                .contains("silence")
+        );
+        assert!(reasked(d, &[(1, Ok((0xaa, 5)))])
+            .unwrap_err()
+            .contains("not asked"));
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //!   request names and see a leader, no learner may be joining (one member at a time), the
 //!   proof must stand against the member list now ([`crate::facts::rebuild::proves`]), and
 //!   this member's own `HashKV` at the proof's revision must still differ from the
-//!   majority's ([`crate::facts::rebuild::confirmed`]).
+//!   majority's ([`crate::facts::rebuild::confirmed`]), and every member the proof counts as
+//!   the majority must answer the majority's hash again, asked from here
+//!   ([`crate::facts::rebuild::reasked`]): a request is never taken on its word.
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +24,7 @@ use crate::config::Config;
 use crate::decision::Why;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd};
-use crate::facts::rebuild::{confirmed, proves, RebuildRequest};
+use crate::facts::rebuild::{confirmed, proves, reasked, RebuildRequest};
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
 use crate::observe::{list_backups, HttpReports, Observer};
 use crate::sidecar::http::control::CheckRequests;
@@ -179,7 +181,35 @@ where
         let voters: Vec<u64> = members.iter().map(|m| m.id).collect();
         let d = proves(r, &voters)?;
         let own = local.hash_kv(d.revision).await.map_err(|e| e.to_string());
-        confirmed(d, own)
+        confirmed(d, own)?;
+        let mut again = Vec::new();
+        for id in &d.agreeing {
+            let url = members
+                .iter()
+                .find(|m| m.id == *id)
+                .and_then(|m| m.client_urls.first().cloned());
+            again.push((*id, self.hash_of(url.as_deref(), d.revision).await));
+        }
+        reasked(d, &again)
+    }
+
+    /// `HashKV` at `revision` of the member at client URL `url`, asked from here.
+    async fn hash_of(&self, url: Option<&str>, revision: i64) -> Result<(u32, i64), String> {
+        let (host, port) = url
+            .and_then(crate::identity::split_url)
+            .ok_or("no client URL in the member list")?;
+        let ip = match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => self.obs.dns.lookup(&host).await.first(),
+        }
+        .ok_or_else(|| format!("{host} does not resolve"))?;
+        let member = self
+            .obs
+            .connector
+            .connect(&host, ip, port)
+            .await
+            .map_err(|e| e.to_string())?;
+        member.hash_kv(revision).await.map_err(|e| e.to_string())
     }
 }
 
