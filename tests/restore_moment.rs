@@ -235,8 +235,10 @@ async fn restore_to_time_takes_a_live_cluster_back_to_that_moment(etcd: Etcd) {
     let mut c = set.client(0).await.unwrap();
     let early = put_early(&mut c, 12).await;
     let expected = written_keys(&mut c, Some(early)).await;
-    // The moment: well after the early writes were received, well before the late ones.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The moment: after the archive received the early writes (a revision's time is when the
+    // archive received it: under load that lags the write), well before the late ones.
+    planned_once_archived(&set, &format!("--to-revision={early}")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let moment = SystemTime::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     put_late(&mut c).await;
