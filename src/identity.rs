@@ -107,6 +107,12 @@ impl Identity {
             .join(",")
     }
 
+    /// The ordinal the first of `urls` (a member's peer URLs) that names a pod of this set
+    /// names.
+    pub fn ordinal_of_peer_urls(&self, urls: &[String]) -> Option<u32> {
+        urls.iter().find_map(|u| self.ordinal_of_peer_url(u))
+    }
+
     /// The ordinal a peer URL of this set names, if it names one.
     pub fn ordinal_of_peer_url(&self, url: &str) -> Option<u32> {
         let rest = url.strip_prefix(&format!("{}://", self.peer_scheme))?;

@@ -33,9 +33,8 @@ pub fn existing_initial_cluster(identity: &Identity, members: &[MemberInfo]) -> 
         } else if !m.name.is_empty() {
             m.name.clone()
         } else {
-            m.peer_urls
-                .iter()
-                .find_map(|u| identity.ordinal_of_peer_url(u))
+            identity
+                .ordinal_of_peer_urls(&m.peer_urls)
                 .map(|o| identity.pod_name(o))
                 .unwrap_or_else(|| format!("member-{:x}", m.id))
         };

@@ -27,6 +27,7 @@ use crate::etcd::{Connector, Etcd};
 use crate::facts::rebuild::{confirmed, proves, reasked, RebuildRequest};
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
 use crate::observe::{list_backups, HttpReports, Observer};
+use crate::sidecar::conn::connect_url;
 use crate::sidecar::http::control::CheckRequests;
 use crate::volume;
 
@@ -195,20 +196,7 @@ where
 
     /// `HashKV` at `revision` of the member at client URL `url`, asked from here.
     async fn hash_of(&self, url: Option<&str>, revision: i64) -> Result<(u32, i64), String> {
-        let (host, port) = url
-            .and_then(crate::identity::split_url)
-            .ok_or("no client URL in the member list")?;
-        let ip = match host.parse::<std::net::IpAddr>() {
-            Ok(ip) => Some(ip),
-            Err(_) => self.obs.dns.lookup(&host).await.first(),
-        }
-        .ok_or_else(|| format!("{host} does not resolve"))?;
-        let member = self
-            .obs
-            .connector
-            .connect(&host, ip, port)
-            .await
-            .map_err(|e| e.to_string())?;
+        let member = connect_url(&self.obs.dns, &self.obs.connector, url).await?;
         member.hash_kv(revision).await.map_err(|e| e.to_string())
     }
 }

@@ -10,6 +10,27 @@ use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, EtcdError, MemberInfo};
 use crate::identity::{split_url, Identity};
 
+/// A new connection to the member whose client URL is `url` (an IP literal as it is, a
+/// name asked of DNS afresh), or why there is none, in words.
+pub async fn connect_url<D: Dns, C: Connector>(
+    dns: &D,
+    connector: &C,
+    url: Option<&str>,
+) -> Result<C::Member, String> {
+    let (host, port) = url
+        .and_then(split_url)
+        .ok_or("no client URL in the member list")?;
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => Some(ip),
+        Err(_) => dns.lookup(&host).await.first(),
+    }
+    .ok_or_else(|| format!("{host} does not resolve"))?;
+    connector
+        .connect(&host, ip, port)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// The connection cache, and the DNS and connector it opens connections with.
 pub struct Connections<D, C: Connector> {
     identity: Identity,

@@ -7,7 +7,6 @@
 //! held until a newer check says it agrees (a new leader that has not checked yet clears
 //! nothing). What each sidecar knows is in its own peer report, for `status`.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,9 +26,9 @@ use crate::facts::hashes::{
     common_revision, judge, Answered, HashAnswer, HashCheck, HashRound, Standing, Verdict,
 };
 use crate::facts::PeerReport;
-use crate::identity::{split_url, Identity};
+use crate::identity::Identity;
 use crate::observe::{HttpReports, PeerReports};
-use crate::sidecar::conn::Connections;
+use crate::sidecar::conn::{connect_url, Connections};
 use crate::sidecar::http::metrics::OptionalSeconds;
 use crate::sidecar::plan::{Observation, Step};
 
@@ -69,25 +68,12 @@ pub async fn ask_hashes<D: Dns, C: Connector>(
     connector: &C,
     voters: &[MemberInfo],
 ) -> HashRound {
-    let connect = |v: &MemberInfo| {
-        let url = v.client_urls.first().cloned();
-        async move {
-            let (host, port) = url
-                .as_deref()
-                .and_then(split_url)
-                .ok_or("no client URL in the member list")?;
-            let ip = match host.parse::<IpAddr>() {
-                Ok(ip) => Some(ip),
-                Err(_) => dns.lookup(&host).await.first(),
-            }
-            .ok_or_else(|| format!("{host} does not resolve"))?;
-            connector
-                .connect(&host, ip, port)
-                .await
-                .map_err(|e| short(&e))
-        }
-    };
-    let members: Vec<Result<C::Member, String>> = join_all(voters.iter().map(connect)).await;
+    let members: Vec<Result<C::Member, String>> = join_all(voters.iter().map(|v| async move {
+        connect_url(dns, connector, v.client_urls.first().map(String::as_str))
+            .await
+            .map_err(short)
+    }))
+    .await;
     let revisions = join_all(members.iter().map(|m| async move {
         let m = m.as_ref().ok()?;
         match tokio::time::timeout(STATUS_TIMEOUT, m.status()).await {
@@ -163,10 +149,7 @@ impl LeaderReader {
             .as_deref()?
             .iter()
             .find(|m| m.id == status.leader)?;
-        let ordinal = leader
-            .peer_urls
-            .iter()
-            .find_map(|u| self.identity.ordinal_of_peer_url(u))?;
+        let ordinal = self.identity.ordinal_of_peer_urls(&leader.peer_urls)?;
         Some((self.identity.pod_name(ordinal), self.identity.host(ordinal)))
     }
 }

@@ -37,9 +37,7 @@ impl Teller {
 
     /// The pod whose peer URL is one of `peer_urls`: its name and DNS name.
     pub fn pod_of(&self, peer_urls: &[String]) -> Option<(String, String)> {
-        let o = peer_urls
-            .iter()
-            .find_map(|u| self.identity.ordinal_of_peer_url(u))?;
+        let o = self.identity.ordinal_of_peer_urls(peer_urls)?;
         Some((self.identity.pod_name(o), self.identity.host(o)))
     }
 

@@ -94,12 +94,7 @@ fn doomed<'a>(
 ) -> Vec<(&'a MemberInfo, u32)> {
     members
         .iter()
-        .filter_map(|m| {
-            m.peer_urls
-                .iter()
-                .find_map(|u| identity.ordinal_of_peer_url(u))
-                .map(|o| (m, o))
-        })
+        .filter_map(|m| identity.ordinal_of_peer_urls(&m.peer_urls).map(|o| (m, o)))
         .filter(|(_, o)| *o >= state.replicas && !state.pods.contains(o))
         .collect()
 }
