@@ -222,6 +222,12 @@ pub async fn act<C: Connector>(
         }
         Action::SetAside { why } => {
             let moved = volume::set_aside(dir, why.slug(), now)?;
+            if let (SetAsideWhy::RestoreRequested, Some(r)) = (why, &facts.restore_request) {
+                // Once per request: this volume is not set aside for it again. Before the
+                // journal, whose write may fail (a full disk): without the marker the data
+                // restored next would go aside again for the same request.
+                marker::write_restored_for(dir, &r.id)?;
+            }
             if let Some(to) = &moved {
                 // Journaled after the move, so into the fresh member directory: the journal
                 // before it went aside with the data. Killed in between, the set-aside is
@@ -239,10 +245,6 @@ pub async fn act<C: Connector>(
                         ..journal::Entry::new(now, d.action.kind(), d.reason())
                     },
                 )?;
-            }
-            if let (SetAsideWhy::RestoreRequested, Some(r)) = (why, &facts.restore_request) {
-                // Once per request: this volume is not set aside for it again.
-                marker::write_restored_for(dir, &r.id)?;
             }
             match moved {
                 Some(to) if *why == SetAsideWhy::Left => {
