@@ -67,7 +67,10 @@ pub fn act_of(e: &Entry) -> Option<(Reason, String)> {
         ActionKind::UpdatePeerUrls => (Reason::PeerURLUpdated, reason),
         ActionKind::SetAside => {
             let to = e.set_aside.as_ref().map_or("set-aside/", |s| s.to.as_str());
-            let left = e.set_aside.as_ref().is_some_and(|s| s.why == "left");
+            let left = e
+                .set_aside
+                .as_ref()
+                .is_some_and(|s| s.why == crate::decision::SetAsideWhy::Left.slug());
             let note = format!("data set aside to {to} (renamed, not deleted): {reason}");
             match left {
                 true => (Reason::LeftCluster, note),
