@@ -1273,13 +1273,15 @@ async fn the_history_is_served_on_the_peer_port_only_with_inits_decisions_and_th
 ) -> TestResult {
     use etcd_steward::facts::history::{By, PodHistory};
     let dir = tempfile::tempdir()?;
-    record(dir.path(), "replace")?;
-    record(dir.path(), "join")?;
+    // init's decisions after the sidecar's act: the order served is by time, not by source.
+    for (ts, action) in [(2_000, "replace"), (3_000, "join")] {
+        journal::append(dir.path(), &journal::Entry::new(ts, action.parse()?, ""))?;
+    }
     let state = bare_state(dir.path());
     state.acts.record(
         "Promoted",
         "learner a1 promoted to voter",
-        std::time::SystemTime::now(),
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000),
     );
     let get = || Request::get("/peer/history").body(Body::empty());
 
@@ -1296,11 +1298,17 @@ async fn the_history_is_served_on_the_peer_port_only_with_inits_decisions_and_th
     assert_eq!(
         acts,
         [
+            (By::Sidecar, "Promoted"),
             (By::Init, "replace"),
-            (By::Init, "join"),
-            (By::Sidecar, "Promoted")
+            (By::Init, "join")
         ],
         "oldest first"
+    );
+    let at_ms: Vec<u64> = history.entries.iter().map(|e| e.at_ms).collect();
+    assert_eq!(
+        at_ms,
+        [1_000_000, 2_000_000, 3_000_000],
+        "journal seconds as ms"
     );
 
     // Not on the probe port, which anyone may reach.
