@@ -376,7 +376,11 @@ pub async fn drill_archive<L: SnapshotSource>(
 }
 
 /// The throw-away etcd on `client_port`, once it answers `ask` (bounded by `start_timeout`).
-async fn ask_restored<T, F, Fut>(client_port: u16, setup: &DrillSetup, ask: F) -> Result<T, String>
+pub(crate) async fn ask_restored<T, F, Fut>(
+    client_port: u16,
+    setup: &DrillSetup,
+    ask: F,
+) -> Result<T, String>
 where
     F: Fn(EtcdSource) -> Fut,
     Fut: std::future::Future<Output = Result<T, SourceError>>,

@@ -14,6 +14,7 @@ pub mod crypt;
 pub mod drill;
 pub mod fetch;
 pub mod manifest;
+pub mod offline_hash;
 pub mod restore;
 pub mod schedule;
 pub mod scratch;

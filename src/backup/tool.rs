@@ -260,6 +260,35 @@ impl EtcdTool {
         member: &MemberParams,
         data_dir: &Path,
     ) -> Result<(), ToolError> {
+        let mut c = self.restore_command(snapshot, member, data_dir);
+        if let Jump::By(n) = self.jump() {
+            c.arg("--bump-revision")
+                .arg(n.to_string())
+                .arg("--mark-compacted");
+        }
+        self.run(c, "snapshot restore").await.map(drop)
+    }
+
+    /// `snapshot restore --skip-hash-check` of a member's database file (a copy of
+    /// `member/snap/db`, which has no SHA-256 trailer) into `data_dir`, keeping its
+    /// revisions as they are (never a jump: its hash is compared at its own revision).
+    pub async fn restore_db_file(
+        &self,
+        db: &Path,
+        member: &MemberParams,
+        data_dir: &Path,
+    ) -> Result<(), ToolError> {
+        let mut c = self.restore_command(db, member, data_dir);
+        c.arg("--skip-hash-check");
+        self.run(c, "snapshot restore").await.map(drop)
+    }
+
+    fn restore_command(
+        &self,
+        snapshot: &Path,
+        member: &MemberParams,
+        data_dir: &Path,
+    ) -> tokio::process::Command {
         let mut c = self.command();
         c.arg("snapshot")
             .arg("restore")
@@ -274,12 +303,7 @@ impl EtcdTool {
             .arg(&member.peer_url)
             .arg("--data-dir")
             .arg(data_dir);
-        if let Jump::By(n) = self.jump() {
-            c.arg("--bump-revision")
-                .arg(n.to_string())
-                .arg("--mark-compacted");
-        }
-        self.run(c, "snapshot restore").await.map(drop)
+        c
     }
 
     /// `snapshot status -w json`: revision, key count and hash of a snapshot file.

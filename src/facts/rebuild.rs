@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::hashes::{judge, Divergence, HashCheck, HashRound, Verdict};
+use super::hashes::{judge, Answered, Divergence, HashAnswer, HashCheck, HashRound, Verdict};
 use super::hex_id;
 
 /// The leader's word that `member`'s data diverged from the majority's, with the proof.
@@ -141,6 +141,64 @@ pub fn reasked(d: &Divergence, answers: &[(u64, HashKv)]) -> Result<(), String> 
     Ok(())
 }
 
+/// Pure: the rebuild request a member's own sidecar makes for it when its etcd does not
+/// run (it refused to start on its data), from the hash of its database file computed
+/// offline (`own`: the hash and compacted revision at `revision`, the file's own) and every
+/// other voter's `HashKV` at that revision, asked from that sidecar (`others`). The same
+/// rule as every check: only a strict majority of all `voters` answering one hash that
+/// differs from `own` proves anything; the request then stands as one the leader's sidecar
+/// hands over ([`proves`], [`confirmed`] and [`reasked`] hold by construction, and are
+/// checked all the same). `Err` is the verdict in words when it proves nothing.
+pub fn offline_proof(
+    member: u64,
+    voters: &[u64],
+    revision: i64,
+    own: (u32, i64),
+    others: Vec<HashAnswer>,
+    at: u64,
+    expires_unix: u64,
+) -> Result<RebuildRequest, String> {
+    let mut answers = vec![HashAnswer {
+        member,
+        got: Answered::Hash {
+            hash: own.0,
+            compact_revision: own.1,
+        },
+    }];
+    answers.extend(others.into_iter().filter(|a| a.member != member));
+    let round = HashRound {
+        revision,
+        voters: voters.to_vec(),
+        answers,
+    };
+    let check = HashCheck {
+        at,
+        checker: member,
+        verdict: judge(&round),
+        answers: round.answers,
+    };
+    if !matches!(check.verdict, Verdict::Diverged(_)) {
+        return Err(check.verdict.to_string());
+    }
+    let request = RebuildRequest::new(member, check, expires_unix);
+    let d = proves(&request, voters)?;
+    confirmed(d, Ok(own))?;
+    let again: Vec<(u64, HashKv)> = request
+        .check
+        .answers
+        .iter()
+        .filter_map(|a| match &a.got {
+            Answered::Hash {
+                hash,
+                compact_revision,
+            } => Some((a.member, Ok((*hash, *compact_revision)))),
+            Answered::NoAnswer { .. } => None,
+        })
+        .collect();
+    reasked(d, &again)?;
+    Ok(request)
+}
+
 fn ids(set: &BTreeSet<u64>) -> String {
     let list: Vec<String> = set.iter().map(|m| format!("{m:x}")).collect();
     format!("[{}]", list.join(", "))
@@ -257,6 +315,77 @@ mod tests {
         assert!(reasked(d, &[(1, Ok((0xaa, 5)))])
             .unwrap_err()
             .contains("not asked"));
+    }
+
+    #[test]
+    fn a_database_file_hashed_offline_is_judged_by_the_majority_of_all_voters() {
+        // The majority answers 0xaa at the file's revision: member 3's file diverged.
+        let r = offline_proof(
+            3,
+            &[1, 2, 3],
+            40,
+            (0xbb, 5),
+            vec![answer(1, 0xaa), answer(2, 0xaa)],
+            100,
+            900,
+        )
+        .unwrap();
+        assert_eq!((r.member, r.check.checker, r.expires_unix), (3, 3, 900));
+        let d = proves(&r, &[1, 2, 3]).unwrap();
+        assert_eq!((d.revision, d.majority_hash), (40, 0xaa));
+        // The file agrees: a member that is merely behind is not rebuilt.
+        let agreed = offline_proof(
+            3,
+            &[1, 2, 3],
+            40,
+            (0xaa, 5),
+            vec![answer(1, 0xaa), answer(2, 0xaa)],
+            100,
+            900,
+        );
+        assert!(agreed.unwrap_err().contains("agree"));
+        // One other voter silent: two of three answers, no strict majority against it.
+        let silent = HashAnswer {
+            member: 2,
+            got: Answered::NoAnswer {
+                error: "revision 40 is compacted".into(),
+            },
+        };
+        let err = offline_proof(
+            3,
+            &[1, 2, 3],
+            40,
+            (0xbb, 5),
+            vec![answer(1, 0xaa), silent],
+            100,
+            900,
+        )
+        .unwrap_err();
+        assert!(err.contains("nothing is judged diverged"), "{err}");
+        // Of five voters, two agreeing against it are no majority.
+        let err = offline_proof(
+            5,
+            &[1, 2, 3, 4, 5],
+            40,
+            (0xbb, 5),
+            vec![answer(1, 0xaa), answer(2, 0xaa)],
+            100,
+            900,
+        )
+        .unwrap_err();
+        assert!(err.contains("nothing is judged diverged"), "{err}");
+        // An answer claiming to be this member's is not taken from the others.
+        let r = offline_proof(
+            3,
+            &[1, 2, 3],
+            40,
+            (0xbb, 5),
+            vec![answer(1, 0xaa), answer(2, 0xaa), answer(3, 0xaa)],
+            100,
+            900,
+        )
+        .unwrap();
+        assert_eq!(r.check.answers.iter().filter(|a| a.member == 3).count(), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod init_events;
 pub mod plan;
 pub mod rebuild;
 pub mod recovery;
+pub mod refused;
 
 /// The hardened listener, where it was before `http/` (tests/peer_evidence.rs uses it).
 pub use http::server;
@@ -85,6 +86,9 @@ pub struct Sidecar<D, C: Connector, P> {
     pub recovery: Option<RecoveryDuty>,
     /// The rebuild of this pod's member (its data diverged), when the leader asked for it.
     pub rebuild: rebuild::RebuildDuty,
+    /// This pod's data judged while its etcd does not start (with the corruption check and
+    /// backups' restore tool and scratch space).
+    refused: Option<refused::RefusedLook<D, C>>,
     /// What `init` did and waits for, posted as Kubernetes Events on this pod.
     init_events: init_events::InitEvents,
 }
@@ -107,6 +111,19 @@ where
         });
         let mut rebuild = rebuild::RebuildDuty::new(&cfg.data_dir, registry);
         rebuild.events = events.clone();
+        let refused = match (cfg.corruption_check, &cfg.backup) {
+            (None, _) => None,
+            (Some(_), None) => {
+                tracing::info!("a member whose etcd refuses to start on data that differs from its peers' is not judged here without --backup-url (its restore tool and scratch space hash the data offline): it stays down until a person acts");
+                None
+            }
+            (Some(_), Some(_)) => refused::RefusedLook::new(
+                cfg,
+                dns.clone(),
+                connector.clone(),
+                rebuild.inbox.clone(),
+            ),
+        };
         Sidecar {
             conn: Connections::new(id.clone(), cfg.local_ip(), cfg.replicas, dns, connector),
             probe,
@@ -136,6 +153,7 @@ where
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
             rebuild,
+            refused,
             init_events: init_events::InitEvents::new(
                 events,
                 &id.name(),
@@ -207,6 +225,9 @@ where
             .as_ref()
             .ok()
             .map(|s| (s.member_id, s.is_learner));
+        if let Some(look) = &mut self.refused {
+            look.tick(serving.is_some(), seen.now).await;
+        }
         if let Some(text) = self.rebuild.tick(serving) {
             health.ready = health::Check {
                 ok: false,

@@ -96,6 +96,9 @@ impl RebuildDuty {
                 let how = match self.stopper.stop(&once) {
                     Stop::Signalled(pid) => format!("etcd (pid {pid}) stopped"),
                     Stop::CoolingDown | Stop::Done => "etcd was stopped; init decides".into(),
+                    Stop::NotVisible if serving.is_none() => {
+                        "etcd does not run here (it refused to start on this data, or init waits)".into()
+                    }
                     Stop::NotVisible => format!(
                         "no etcd process for {} is visible here (set shareProcessNamespace: true, or delete this pod so that init runs again)",
                         self.data_dir.display()

@@ -58,7 +58,7 @@ impl Backups {
     }
 
     /// The options a pod of a set rooted at `root`, running `etcd`, gets.
-    fn options(&self, root: &Path, etcd: Etcd) -> Vec<String> {
+    pub fn options(&self, root: &Path, etcd: Etcd) -> Vec<String> {
         let mut args = vec![format!("--backup-url={}", self.url)];
         args.extend(self.args.iter().cloned());
         args.extend([
