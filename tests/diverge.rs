@@ -814,8 +814,75 @@ async fn a_member_down_with_agreeing_data_is_judged_and_kept(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// A member that serves again after its etcd was silent for a while (etcd's own check
+/// off here, as it passes once the revisions it would compare are compacted on its peers)
+/// is judged at once by its own sidecar, online, against every voter's hash, not at the
+/// leader's next check (an hour away here); no backups needed. On the majority's proof
+/// its etcd is stopped and `init` sets the data aside: rebuilt with a new ID.
+async fn a_member_serving_again_after_a_silence_is_judged_at_once(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--corruption-check-interval=1h".into()];
+    let start_init = |set: &mut Set, o: u32| set.start_init_with(o, &[NO_INITIAL_CHECK]).unwrap();
+    for o in 0..3 {
+        set.set_dns(o, true).unwrap();
+        set.start_sidecar(o).unwrap();
+        start_init(&mut set, o);
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let mut c = set.any_client().await.unwrap();
+    c.put(KEY, VALUE, None).await.unwrap();
+    set.put_keys("k", 20).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = set.leader().await.unwrap();
+    let changed = (0..3).find(|o| *o != leader).unwrap();
+    let old = set.member_id(changed).await.unwrap();
+    set.kill(changed).await.unwrap();
+    assert!(change_db(set.data_dir(changed)) >= 1);
+    // The pod back, its etcd silent for longer than a start takes (a crash loop, a wait).
+    set.set_dns(changed, true).unwrap();
+    set.start_sidecar(changed).unwrap();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    start_init(&mut set, changed);
+    let end = tokio::time::Instant::now() + REBUILT;
+    loop {
+        set.restart_exited().unwrap();
+        let new = set.member_id(changed).await.ok();
+        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
+            let h = hashes(&set).await;
+            if h.iter().all(|x| *x == h[0]) {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "not rebuilt within {REBUILT:?}{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let logs = set.logs(changed);
+    assert!(logs.contains("judged by its own sidecar"), "{logs}");
+    for o in 0..3 {
+        assert_eq!(
+            served_value(&set, o).await.as_deref(),
+            Some(VALUE),
+            "pod {o} serves the value that was written"
+        );
+    }
+    let aside = set.data_dir(changed).join("set-aside");
+    assert!(
+        std::fs::read_dir(&aside)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("-diverged")),
+        "the changed data kept under set-aside/…-diverged/"
+    );
+    set.shutdown().await;
+}
+
 harness::per_etcd_version!(
     [V3_5Current, V3_4, V3_5]:
+    a_member_serving_again_after_a_silence_is_judged_at_once,
     a_member_whose_etcd_refuses_to_start_is_rebuilt_from_its_peers,
     a_member_down_with_agreeing_data_is_judged_and_kept,
     a_changed_follower_is_found_diverged_only_with_a_majoritys_proof,

@@ -144,11 +144,8 @@ pub fn reasked(d: &Divergence, answers: &[(u64, HashKv)]) -> Result<(), String> 
 /// Pure: the rebuild request a member's own sidecar makes for it when its etcd does not
 /// run (it refused to start on its data), from the hash of its database file computed
 /// offline (`own`: the hash and compacted revision at `revision`, the file's own) and every
-/// other voter's `HashKV` at that revision, asked from that sidecar (`others`). The same
-/// rule as every check: only a strict majority of all `voters` answering one hash that
-/// differs from `own` proves anything; the request then stands as one the leader's sidecar
-/// hands over ([`proves`], [`confirmed`] and [`reasked`] hold by construction, and are
-/// checked all the same). `Err` is the verdict in words when it proves nothing.
+/// other voter's `HashKV` at that revision, asked from that sidecar (`others`). See
+/// [`own_proof`].
 pub fn offline_proof(
     member: u64,
     voters: &[u64],
@@ -166,11 +163,30 @@ pub fn offline_proof(
         },
     }];
     answers.extend(others.into_iter().filter(|a| a.member != member));
-    let round = HashRound {
-        revision,
-        voters: voters.to_vec(),
-        answers,
-    };
+    own_proof(
+        member,
+        HashRound {
+            revision,
+            voters: voters.to_vec(),
+            answers,
+        },
+        at,
+        expires_unix,
+    )
+}
+
+/// Pure: the rebuild request a member's own sidecar makes for it from a round it asked
+/// itself (its own answer and every other voter's, at one revision). The same rule as every
+/// check: only a strict majority of all the round's voters answering one hash that differs
+/// from this member's proves anything; the request then stands as one the leader's sidecar
+/// hands over ([`proves`], [`confirmed`] and [`reasked`] hold by construction, and are
+/// checked all the same). `Err` is the verdict in words when it proves nothing.
+pub fn own_proof(
+    member: u64,
+    round: HashRound,
+    at: u64,
+    expires_unix: u64,
+) -> Result<RebuildRequest, String> {
     let check = HashCheck {
         at,
         checker: member,
@@ -181,20 +197,25 @@ pub fn offline_proof(
         return Err(check.verdict.to_string());
     }
     let request = RebuildRequest::new(member, check, expires_unix);
-    let d = proves(&request, voters)?;
-    confirmed(d, Ok(own))?;
-    let again: Vec<(u64, HashKv)> = request
-        .check
-        .answers
-        .iter()
-        .filter_map(|a| match &a.got {
-            Answered::Hash {
+    let d = proves(&request, &round.voters)?;
+    let answer = |m: u64| -> HashKv {
+        match request
+            .check
+            .answers
+            .iter()
+            .find(|a| a.member == m)
+            .map(|a| &a.got)
+        {
+            Some(Answered::Hash {
                 hash,
                 compact_revision,
-            } => Some((a.member, Ok((*hash, *compact_revision)))),
-            Answered::NoAnswer { .. } => None,
-        })
-        .collect();
+            }) => Ok((*hash, *compact_revision)),
+            Some(Answered::NoAnswer { error }) => Err(error.clone()),
+            None => Err("not asked".into()),
+        }
+    };
+    confirmed(d, answer(member))?;
+    let again: Vec<(u64, HashKv)> = d.agreeing.iter().map(|m| (*m, answer(*m))).collect();
     reasked(d, &again)?;
     Ok(request)
 }

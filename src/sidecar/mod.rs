@@ -111,19 +111,12 @@ where
         });
         let mut rebuild = rebuild::RebuildDuty::new(&cfg.data_dir, registry);
         rebuild.events = events.clone();
-        let refused = match (cfg.corruption_check, &cfg.backup) {
-            (None, _) => None,
-            (Some(_), None) => {
-                tracing::info!("a member whose etcd refuses to start on data that differs from its peers' is not judged here without --backup-url (its restore tool and scratch space hash the data offline): it stays down until a person acts");
-                None
-            }
-            (Some(_), Some(_)) => refused::RefusedLook::new(
-                cfg,
-                dns.clone(),
-                connector.clone(),
-                rebuild.inbox.clone(),
-            ),
-        };
+        if cfg.corruption_check.is_some() && cfg.backup.is_none() {
+            tracing::info!("a member whose etcd refuses to start on data that differs from its peers' is not judged while it is down without --backup-url (its restore tool and scratch space hash the data offline); it is judged at once if it starts again");
+        }
+        let refused = cfg.corruption_check.map(|_| {
+            refused::RefusedLook::new(cfg, dns.clone(), connector.clone(), rebuild.inbox.clone())
+        });
         Sidecar {
             conn: Connections::new(id.clone(), cfg.local_ip(), cfg.replicas, dns, connector),
             probe,
@@ -226,7 +219,7 @@ where
             .ok()
             .map(|s| (s.member_id, s.is_learner));
         if let Some(look) = &mut self.refused {
-            look.tick(serving.is_some(), seen.now).await;
+            look.tick(serving, seen.now).await;
         }
         if let Some(text) = self.rebuild.tick(serving) {
             health.ready = health::Check {

@@ -17,8 +17,16 @@
 //!
 //! A file that agrees with the majority (a member merely behind, or down for another
 //! reason) is not judged again until it changes; silence, a compacted revision or no
-//! majority proves nothing. It needs the restore tool and the scratch space, which come
-//! with `--backup-url`.
+//! majority proves nothing. The offline hash needs the restore tool and the scratch space,
+//! which come with `--backup-url`.
+//!
+//! And once etcd serves here again as a voter after being silent that long (etcd's own
+//! check passes once the revisions it would compare are compacted on its peers, or it was
+//! off), this member's data is judged at once, online, against every voter's at one common
+//! revision (`execute::corruption::ask_hashes`, as the leader's check asks), by the same
+//! rule ([`crate::facts::rebuild::own_proof`]), rather than at the leader's next check an
+//! interval later: on the majority's proof the request is held and the rebuild goes on as
+//! when the leader's sidecar hands it over (its etcd stopped once, then `init`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,10 +42,11 @@ use crate::config::Config;
 use crate::dns::Dns;
 use crate::etcd::{Connector, Etcd, MemberInfo};
 use crate::facts::hashes::{Answered, HashAnswer};
-use crate::facts::rebuild::{offline_proof, RebuildRequest};
+use crate::facts::rebuild::{offline_proof, own_proof, RebuildRequest};
 use crate::identity::Identity;
 
 use super::conn::connect_url;
+use super::execute::corruption::ask_hashes;
 use super::recovery::{Inbox, Taken};
 
 /// How long this pod's etcd must not have answered before its data is looked at (a start
@@ -53,10 +62,11 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 /// What one look found.
 #[derive(Debug)]
 pub enum Looked {
-    /// The file diverged from the majority's: the rebuild request, with its proof.
-    Diverged(Box<RebuildRequest>, Fingerprint),
-    /// The file was judged and proves nothing (it agrees, no majority, …): why.
-    Judged(String, Fingerprint),
+    /// The data diverged from the majority's: the rebuild request, with its proof (and the
+    /// database file judged, when it was hashed offline).
+    Diverged(Box<RebuildRequest>, Option<Fingerprint>),
+    /// The data was judged and proves nothing (it agrees, no majority, …): why.
+    Judged(String, Option<Fingerprint>),
     /// Nothing was judged this time, and why (no cluster answers, etcd holds the file, …).
     NotYet(String),
 }
@@ -82,7 +92,9 @@ pub fn due(
 /// What a look needs, cloned into its task.
 #[derive(Clone)]
 struct Ctx<D, C> {
-    setup: DrillSetup,
+    /// The offline hash's tools (none without backups: then only the look once etcd
+    /// serves again).
+    setup: Option<DrillSetup>,
     identity: Identity,
     top_ordinal: u32,
     dns: D,
@@ -100,6 +112,9 @@ pub struct RefusedLook<D, C> {
     task: Option<JoinHandle<Looked>>,
     /// The last reason logged, so that each is logged once.
     said: Option<String>,
+    /// etcd was silent for [`DOWN_FOR`]: once it serves here again as a voter, its data is
+    /// judged at once.
+    back_pending: bool,
 }
 
 impl<D, C> RefusedLook<D, C>
@@ -107,24 +122,18 @@ where
     D: Dns + Clone + 'static,
     C: Connector + Clone + 'static,
 {
-    /// With backups configured (the restore tool and the scratch space); requests go in
-    /// `inbox` (the one `/peer/rebuild` fills, which `init` reads).
-    pub fn new(
-        cfg: &Config,
-        dns: D,
-        connector: C,
-        inbox: Arc<Inbox<RebuildRequest>>,
-    ) -> Option<Self> {
-        let b = cfg.backup.as_ref()?;
-        Some(RefusedLook {
+    /// Requests go in `inbox` (the one `/peer/rebuild` fills, which `init` reads); the
+    /// offline hash only with backups configured (the restore tool and the scratch space).
+    pub fn new(cfg: &Config, dns: D, connector: C, inbox: Arc<Inbox<RebuildRequest>>) -> Self {
+        RefusedLook {
             ctx: Ctx {
-                setup: DrillSetup {
+                setup: cfg.backup.as_ref().map(|b| DrillSetup {
                     tool: b.tool.clone(),
                     etcd_bin: cfg.etcd_bin.clone(),
                     scratch_dir: b.scratch_dir.clone(),
                     start_timeout: Duration::from_secs(30),
                     auth: cfg.etcd.auth.clone(),
-                },
+                }),
                 identity: cfg.identity.clone(),
                 top_ordinal: cfg.replicas.max(cfg.identity.ordinal + 1) + 2,
                 dns,
@@ -137,11 +146,13 @@ where
             judged: None,
             task: None,
             said: None,
-        })
+            back_pending: false,
+        }
     }
 
-    /// One tick: `answers` is whether this pod's etcd answered this tick.
-    pub async fn tick(&mut self, answers: bool, now: Instant) {
+    /// One tick: `serving` is this pod's member ID and whether it is a learner, when its
+    /// etcd answered this tick.
+    pub async fn tick(&mut self, serving: Option<(u64, bool)>, now: Instant) {
         if let Some(task) = self.task.take_if(|t| t.is_finished()) {
             match task.await {
                 Ok(looked) => self.take(looked, now),
@@ -150,11 +161,23 @@ where
                 }
             }
         }
-        if answers {
+        if let Some((member, learner)) = serving {
             self.down_since = None;
+            if self.back_pending && !learner && self.task.is_none() {
+                self.back_pending = false;
+                if self.inbox.current().is_none() {
+                    self.task = Some(tokio::spawn(online_look(self.ctx.clone(), member)));
+                }
+            }
             return;
         }
         let since = *self.down_since.get_or_insert(now);
+        if now.duration_since(since) >= DOWN_FOR {
+            self.back_pending = true;
+        }
+        let Some(setup) = self.ctx.setup.clone() else {
+            return;
+        };
         let db = fingerprint(&db_file(&self.ctx.data_dir));
         let go = self.task.is_none()
             && due(
@@ -166,33 +189,39 @@ where
             );
         if go {
             self.last_try = Some(now);
-            self.task = Some(tokio::spawn(look(self.ctx.clone())));
+            self.task = Some(tokio::spawn(offline_look(self.ctx.clone(), setup)));
         }
     }
 
     fn take(&mut self, looked: Looked, now: Instant) {
         match looked {
             Looked::Diverged(request, f) => {
-                self.judged = Some((f, now));
+                if let Some(f) = f {
+                    self.judged = Some((f, now));
+                }
                 let member = format!("{:x}", request.member);
                 let verdict = request.check.verdict.to_string();
+                let offline = f.is_some();
                 match self.inbox.take(*request) {
                     Taken::Held | Taken::AlreadyHeld => {
-                        tracing::error!(%member, %verdict, "this member's etcd does not start, and its database file, hashed offline, diverged from the majority's: a rebuild request is held; init sets the data aside at its next start and the member joins again as a new one")
+                        tracing::error!(%member, %verdict, offline, "this member's data diverged from the majority's, judged by its own sidecar (offline: its etcd does not start; online: right after it started again): a rebuild request is held; init sets the data aside at its next start and the member joins again as a new one")
                     }
                     Taken::Conflict(other) => {
-                        tracing::warn!(%member, %verdict, held = %other, "this member's database file diverged from the majority's, but another request is held")
+                        tracing::warn!(%member, %verdict, held = %other, "this member's data diverged from the majority's, but another request is held")
                     }
                 }
                 self.said = None;
             }
-            Looked::Judged(why, f) => {
+            Looked::Judged(why, Some(f)) => {
                 self.judged = Some((f, now));
                 tracing::warn!(verdict = %why, "this member's etcd does not start; its database file, hashed offline, proves no divergence: nothing is set aside (it is judged again when the file changes)");
             }
+            Looked::Judged(why, None) => {
+                tracing::info!(verdict = %why, "this member serves again after its etcd was silent; its data, judged at once against every voter's, proves no divergence");
+            }
             Looked::NotYet(why) => {
                 if self.said.as_ref() != Some(&why) {
-                    tracing::info!(reason = %why, "this member's etcd does not answer; its data is not judged yet");
+                    tracing::info!(reason = %why, "this member's data is not judged yet");
                     self.said = Some(why);
                 }
             }
@@ -200,44 +229,75 @@ where
     }
 }
 
-/// One look: the cluster, the file's hash offline, every other voter's at its revision.
-async fn look<D: Dns, C: Connector>(ctx: Ctx<D, C>) -> Looked {
-    let Some(wal) = crate::volume::inspect(&ctx.data_dir)
+/// The volume's member and the voters the cluster lists, when this member is one of them
+/// and no learner joins; or why nothing can be judged now.
+async fn voters_with<D: Dns, C: Connector>(
+    ctx: &Ctx<D, C>,
+) -> Result<(u64, Vec<MemberInfo>), String> {
+    let wal = crate::volume::inspect(&ctx.data_dir)
         .ok()
         .and_then(|s| s.wal_identity())
-    else {
-        return Looked::NotYet("the volume's WAL names no member".into());
-    };
-    let Some(members) = cluster(&ctx, wal.cluster_id).await else {
-        return Looked::NotYet(format!(
+        .ok_or("the volume's WAL names no member")?;
+    let members = cluster(ctx, wal.cluster_id).await.ok_or_else(|| {
+        format!(
             "no other member of cluster {:x} answers with a leader: nothing is judged on silence",
             wal.cluster_id
-        ));
-    };
+        )
+    })?;
     if members.iter().any(|m| m.is_learner) {
-        return Looked::NotYet("a learner is joining: one member is rebuilt at a time".into());
+        return Err("a learner is joining: one member is rebuilt at a time".into());
     }
-    let voters: Vec<u64> = members.iter().map(|m| m.id).collect();
-    if !voters.contains(&wal.member_id) {
-        return Looked::NotYet(format!(
+    if !members.iter().any(|m| m.id == wal.member_id) {
+        return Err(format!(
             "the cluster does not list member {:x} as a voter: init decides",
             wal.member_id
         ));
     }
-    let (own, f) = match hash_db_file(&ctx.setup, &db_file(&ctx.data_dir)).await {
+    Ok((wal.member_id, members))
+}
+
+/// Once etcd serves again as voter `me` after a silence: every voter's `HashKV` at one
+/// common revision, asked from here, judged by the same rule.
+async fn online_look<D: Dns, C: Connector>(ctx: Ctx<D, C>, me: u64) -> Looked {
+    let members = match voters_with(&ctx).await {
+        Ok((wal, members)) if wal == me => members,
+        Ok((wal, _)) => {
+            return Looked::NotYet(format!(
+                "etcd serves as member {me:x}, the volume's WAL names {wal:x}"
+            ))
+        }
+        Err(why) => return Looked::NotYet(why),
+    };
+    let round = ask_hashes(&ctx.dns, &ctx.connector, &members).await;
+    let now = crate::clock::unix_now();
+    match own_proof(me, round, now, now + crate::control::REQUEST_TTL.as_secs()) {
+        Ok(request) => Looked::Diverged(Box::new(request), None),
+        Err(why) => Looked::Judged(why, None),
+    }
+}
+
+/// While etcd does not run: the cluster, the file's hash offline, every other voter's at
+/// its revision.
+async fn offline_look<D: Dns, C: Connector>(ctx: Ctx<D, C>, setup: DrillSetup) -> Looked {
+    let (me, members) = match voters_with(&ctx).await {
+        Ok(got) => got,
+        Err(why) => return Looked::NotYet(why),
+    };
+    let voters: Vec<u64> = members.iter().map(|m| m.id).collect();
+    let (own, f) = match hash_db_file(&setup, &db_file(&ctx.data_dir)).await {
         Ok(got) => got,
         Err(e) => return Looked::NotYet(e),
     };
     let others = join_all(
         members
             .iter()
-            .filter(|m| m.id != wal.member_id)
+            .filter(|m| m.id != me)
             .map(|m| ask(&ctx, m, own.revision)),
     )
     .await;
     let now = crate::clock::unix_now();
     match offline_proof(
-        wal.member_id,
+        me,
         &voters,
         own.revision,
         (own.hash, own.compact_revision),
@@ -245,8 +305,8 @@ async fn look<D: Dns, C: Connector>(ctx: Ctx<D, C>) -> Looked {
         now,
         now + crate::control::REQUEST_TTL.as_secs(),
     ) {
-        Ok(request) => Looked::Diverged(Box::new(request), f),
-        Err(why) => Looked::Judged(why, f),
+        Ok(request) => Looked::Diverged(Box::new(request), Some(f)),
+        Err(why) => Looked::Judged(why, Some(f)),
     }
 }
 
