@@ -252,6 +252,10 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         clusters,
         reused_ids,
         replaced,
+        corrupted: None,
+        rebuilt: None,
+        unwritten: Vec::new(),
+        values_unread: Vec::new(),
         recovered,
         sentinels: 0,
         deleted: Vec::new(),
@@ -267,10 +271,13 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
     }
 }
 
-/// Whether this runner makes the fault (see the module's doc): a full disk and a backup
-/// during the faults are skipped.
+/// Whether this runner makes the fault (see the module's doc): a full disk, a backup during
+/// the faults and a corrupted value are skipped.
 pub fn made_on_docker(f: &Fault) -> bool {
-    !matches!(f, Fault::FillDisk(_) | Fault::Backup(_))
+    !matches!(
+        f,
+        Fault::FillDisk(_) | Fault::Backup(_) | Fault::CorruptValue(_)
+    )
 }
 
 async fn apply_fault(c: &mut Cluster, fault: &Fault, held: &mut BTreeSet<u32>) -> Heal {
@@ -293,7 +300,7 @@ async fn apply_fault(c: &mut Cluster, fault: &Fault, held: &mut BTreeSet<u32>) -
             c.partition(*o).await;
             Heal::Reconnect(*o)
         }
-        Fault::FillDisk(_) | Fault::Backup(_) => {
+        Fault::FillDisk(_) | Fault::Backup(_) | Fault::CorruptValue(_) => {
             unreachable!("{fault}: not made on Docker, skipped by run (made_on_docker)")
         }
         Fault::LoseVolume(o) => {

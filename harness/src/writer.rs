@@ -13,6 +13,13 @@ pub fn write_key(i: u64) -> String {
     format!("w/{i:08}")
 }
 
+/// The value of the `i`-th write: distinctive enough to be found in a database file (the
+/// chaos runner corrupts one there), and known for every key (a member serving another value
+/// under a writer's key serves one that was never written).
+pub fn write_value(i: u64) -> String {
+    format!("written-{i:08}")
+}
+
 /// A gap between acknowledgements longer than this is a refusal of writes: a write through
 /// a live cluster takes milliseconds.
 pub const REFUSAL: Duration = Duration::from_millis(300);
@@ -203,7 +210,7 @@ async fn write_loop(
             }
         }
         turn = pick + 1;
-        let put = clients[pick].put(write_key(i), i.to_string(), None);
+        let put = clients[pick].put(write_key(i), write_value(i), None);
         match tokio::time::timeout(Duration::from_millis(2500), put).await {
             Ok(Ok(r)) => {
                 let revision = r.header().map_or(0, |h| h.revision());

@@ -26,8 +26,19 @@ pub struct Outcome {
     pub clusters: BTreeSet<u64>,
     /// Member IDs seen again after their volume was lost.
     pub reused_ids: Vec<u64>,
-    /// Pods whose volume was never lost but whose member ID changed.
+    /// Pods whose volume was never lost (nor rebuilt by the agent) but whose member ID
+    /// changed.
     pub replaced: Vec<u32>,
+    /// The pod whose value was corrupted on disk, and the write whose value it was.
+    pub corrupted: Option<(u32, Option<u64>)>,
+    /// The pod the agent rebuilt (its data set aside as diverged; its old member ID counts
+    /// as lost).
+    pub rebuilt: Option<u32>,
+    /// After healing, per pod: a writer's key served (serializable read) with a value the
+    /// writer never wrote under it (pod, key, value).
+    pub unwritten: Vec<(u32, String, String)>,
+    /// Pods that answered no serializable read of the writer's keys after healing.
+    pub values_unread: Vec<u32>,
     /// Whether every pod was back as a ready voter within the bound after healing.
     pub recovered: bool,
     /// How many sentinels were planted in live data directories (and checked).
@@ -117,6 +128,16 @@ impl Outcome {
                 Some(n) => v.push(format!("pod {o} lacks {n} acknowledged writes")),
                 None => v.push(format!("pod {o} answered no linearizable read")),
             }
+        }
+        for (o, key, value) in &self.unwritten {
+            v.push(format!(
+                "pod {o} serves {value:?} under {key}, a value never written there"
+            ));
+        }
+        for o in &self.values_unread {
+            v.push(format!(
+                "pod {o} answered no serializable read of the written values"
+            ));
         }
         if self.clusters.len() != 1 {
             v.push(format!("cluster IDs seen: {:x?}", self.clusters));

@@ -4,13 +4,16 @@
 //! the same schedule); [`run`] plays it against a running [`Set`] under a steady
 //! [`Writer`], heals everything, and [`Outcome::violations`] says what went wrong: an
 //! acknowledged write missing from a linearizable read through any member, more than one
-//! cluster ID, a member ID reused after its volume was lost, a member whose volume was never
-//! lost that is no longer the same member, a pod not back as a ready voter in time, data
+//! cluster ID, a member ID reused after its volume was lost (or after the agent rebuilt the
+//! member), a member whose volume was never lost (nor rebuilt) that is no longer the same
+//! member, a member serving a value the writer never wrote (generator 5 corrupts one on disk:
+//! [`Schedule::generate_corrupt`]), a pod not back as a ready voter in time, data
 //! deleted rather than set aside (a sentinel, or a WAL segment recorded before a fault:
 //! [`crate::wal_kept`]), or writes refused for longer than each fault, with its cost after
 //! healing, explains ([`Fault::cost`], [`Outcome::unexplained`]).
 //!
-//! By job: `schedule.rs` generates, `runner.rs` plays, `check.rs` judges. The seeded
+//! By job: `schedule.rs` generates, `runner.rs` plays (`corrupt.rs` changes a value on disk
+//! and reads what the members serve), `check.rs` judges. The seeded
 //! sequence ([`Rng`]), the time bounds and [`BackupTaken`] live in modules of their own that
 //! [`crate::disaster`] shares, so that neither module needs the other's.
 //!
@@ -18,6 +21,7 @@
 //! [`Writer`]: crate::writer::Writer
 
 mod check;
+mod corrupt;
 mod runner;
 mod schedule;
 
@@ -28,7 +32,7 @@ pub use crate::bounds::{
 pub use crate::rng::Rng;
 pub use check::{explained, uncovered, Outcome, Sentinels, Unexplained, SENTINEL_PREFIX};
 pub use runner::{prepare, run, VOLUME_MIB};
-pub use schedule::{Event, Fault, Schedule, DEFRAG_THRESHOLD};
+pub use schedule::{Event, Fault, Schedule, CORRUPTION_CHECK, DEFRAG_THRESHOLD};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

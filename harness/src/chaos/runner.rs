@@ -8,7 +8,8 @@ use etcd_client::GetOptions;
 use tokio::time::Instant;
 
 use super::check::{Outcome, Sentinels};
-use super::schedule::{Event, Fault, Schedule, DEFRAG_THRESHOLD};
+use super::corrupt::{all_written, corrupt_value, unwritten_values};
+use super::schedule::{Event, Fault, Schedule, CORRUPTION_CHECK, DEFRAG_THRESHOLD};
 use crate::backup_taken::BackupTaken;
 use crate::bounds::{BACKUP_TIME_OUT, RECOVERY_BOUND};
 use crate::disaster::Disaster;
@@ -67,6 +68,9 @@ pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
     if schedule.defrag {
         set.extra_args.push(DEFRAG_THRESHOLD.into());
     }
+    if schedule.corrupts() {
+        set.extra_args.push(CORRUPTION_CHECK.into());
+    }
     if let Some(d) = &schedule.disaster {
         let options = crate::disaster::options(set, d);
         set.extra_args.extend(options);
@@ -77,6 +81,55 @@ pub fn prepare(set: &mut Set, schedule: &Schedule) -> crate::Result<()> {
 /// The size of a volume that can be filled: room for etcd's preallocated 64 MiB WAL
 /// segment, a second one and the database.
 pub const VOLUME_MIB: u32 = 256;
+
+/// The value corrupted on a pod's disk, until the agent rebuilt the member.
+struct Corruption {
+    pod: u32,
+    /// Its event among those played: it lasts until the pods serve written values alone.
+    played: usize,
+    /// The member before the fault: a rebuild gives the pod another, never this one again.
+    id: Option<u64>,
+    /// The write whose value was changed.
+    write: Option<u64>,
+    /// Every pod answered with written values alone since the fault was applied.
+    healed: bool,
+}
+
+impl Corruption {
+    /// Whether the pods serve written values alone now (once the pod is started again: no
+    /// heal of its event `pending`): the fault, as played, lasts until then.
+    async fn heal_seen(
+        &mut self,
+        set: &Set,
+        pods: &[u32],
+        played: &mut [Event],
+        pending: &[(Duration, Heal, usize)],
+        now: Duration,
+    ) {
+        let started_again = !pending.iter().any(|(_, _, i)| *i == self.played);
+        if !self.healed && started_again && all_written(set, pods).await {
+            self.healed = true;
+            let e = &mut played[self.played];
+            e.lasts = now.saturating_sub(e.at);
+            eprintln!(
+                "chaos: every pod serves written values alone ({:?} after the corruption)",
+                e.lasts
+            );
+        }
+    }
+}
+
+/// Whether the agent set pod data aside as diverged (a rebuild: the member is another).
+fn set_aside_as_diverged(volume: &std::path::Path) -> bool {
+    std::fs::read_dir(volume.join("set-aside")).is_ok_and(|d| {
+        d.filter_map(std::result::Result::ok)
+            .any(|e| e.file_name().to_string_lossy().ends_with("-diverged"))
+    })
+}
+
+/// Writes acknowledged before a value is corrupted: the value changed is one of the first
+/// half, long in the database file.
+const ACKED_BEFORE_CORRUPTION: u64 = 200;
 
 enum Heal {
     /// A backup (the runner starts it itself): nothing to heal.
@@ -113,6 +166,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut paused: Vec<(u32, u32)> = Vec::new();
     let mut lost_ids: Vec<u64> = Vec::new();
     let mut wiped: BTreeSet<u32> = BTreeSet::new();
+    let mut corruption: Option<Corruption> = None;
     let mut applied = 0;
     let mut sentinels = Sentinels::new(schedule.seed);
     let mut wals = WalRecords::default();
@@ -125,6 +179,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let mut backups_running = Vec::new();
     let mut defrags = DefragCount::new(pods.len());
     let mut next_sample = Duration::ZERO;
+    let mut next_value_check = Duration::ZERO;
     let mut events = schedule.events.iter().peekable();
     loop {
         for o in &pods {
@@ -134,6 +189,15 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         if schedule.defrag && now >= next_sample {
             defrags.sample(set).await;
             next_sample = now + Duration::from_secs(1);
+        }
+        // When the agent healed a corrupted value (about once a second: every key read
+        // through every pod).
+        if let Some(c) = corruption
+            .as_mut()
+            .filter(|c| !c.healed && now >= next_value_check)
+        {
+            c.heal_seen(set, &pods, &mut played, &pending, now).await;
+            next_value_check = now + Duration::from_secs(1);
         }
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
         pending.sort_by_key(|(t, _, _)| *t);
@@ -147,10 +211,20 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                 // A volume is lost only once every copy is back: every pod a ready voter
                 // (losing two copies before they re-replicate is real data loss). Until
                 // then the timeline waits, healing what falls due.
+                // So is a value corrupted (with writes long in the database files), and a
+                // volume is lost only once a corrupted value is healed (a copy rebuilt from
+                // a corrupt one is corrupt too).
                 let loss = matches!(e.fault, Fault::LoseVolume(_));
-                if loss
+                let corrupts = matches!(e.fault, Fault::CorruptValue(_));
+                if let Some(c) = corruption.as_mut().filter(|_| loss) {
+                    let now = started.elapsed();
+                    c.heal_seen(set, &pods, &mut played, &pending, now).await;
+                }
+                let waits = (loss && corruption.as_ref().is_some_and(|c| !c.healed))
+                    || (corrupts && writer.acked() < ACKED_BEFORE_CORRUPTION);
+                if (loss || corrupts)
                     && now < e.at + RECOVERY_BOUND
-                    && !set.all_linearizable(&pods, pods.len()).await
+                    && (waits || !set.all_linearizable(&pods, pods.len()).await)
                 {
                     let _ = set.restart_exited();
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -182,8 +256,27 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                         sentinels.volume_lost(o);
                     }
                 }
+                if let Fault::CorruptValue(o) = e.fault {
+                    let id = set.member_id(o).await.ok().or(ids_before[o as usize]);
+                    corruption = Some(Corruption {
+                        pod: o,
+                        played: played.len(),
+                        id,
+                        write: None,
+                        healed: false,
+                    });
+                }
                 let at = started.elapsed();
-                let heal = apply_fault(set, &e.fault, &mut paused).await;
+                let heal = match e.fault {
+                    Fault::CorruptValue(o) => {
+                        let i = corrupt(set, o, writer.acked()).await;
+                        if let Some(c) = corruption.as_mut() {
+                            c.write = Some(i);
+                        }
+                        Heal::Start(o)
+                    }
+                    _ => apply_fault(set, &e.fault, &mut paused).await,
+                };
                 pending.push((started.elapsed() + e.lasts, heal, played.len()));
                 played.push(Event { at, ..e });
                 applied += 1;
@@ -222,7 +315,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         }
         None => None,
     };
-    // Healed: every pod back as a ready voter within the bound (restarting what exits).
+    // Healed: every pod back as a ready voter within the bound (restarting what exits), and
+    // a corrupted value healed by the agent.
     let deadline = Instant::now() + RECOVERY_BOUND;
     let mut recovered = false;
     while Instant::now() < deadline {
@@ -230,7 +324,14 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         for o in &pods {
             sentinels.plant(*o, set.data_dir(*o));
         }
-        if set.all_linearizable(&pods, pods.len()).await && set.all_ready(&pods).await {
+        if let Some(c) = corruption.as_mut() {
+            c.heal_seen(set, &pods, &mut played, &[], started.elapsed())
+                .await;
+        }
+        if corruption.as_ref().is_none_or(|c| c.healed)
+            && set.all_linearizable(&pods, pods.len()).await
+            && set.all_ready(&pods).await
+        {
             recovered = true;
             break;
         }
@@ -269,6 +370,19 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     }
     let mut reused_ids = Vec::new();
     let mut replaced = Vec::new();
+    // A member rebuilt from its peers is another: its old ID must never come back.
+    let rebuilt = corruption
+        .as_ref()
+        .filter(|c| set_aside_as_diverged(set.data_dir(c.pod)));
+    lost_ids.extend(rebuilt.and_then(|c| c.id));
+    let mut unwritten = Vec::new();
+    let mut values_unread = Vec::new();
+    for o in &pods {
+        match unwritten_values(set, *o).await {
+            Some(u) => unwritten.extend(u.into_iter().map(|(k, v)| (*o, k, v))),
+            None => values_unread.push(*o),
+        }
+    }
     for o in &pods {
         missing.push(missing_writes(set, *o, writes.acked).await);
         if let Ok(c) = set.cluster_id(*o).await {
@@ -276,7 +390,11 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         }
         match set.member_id(*o).await {
             Ok(id) if lost_ids.contains(&id) => reused_ids.push(id),
-            Ok(id) if !wiped.contains(o) && ids_before[*o as usize].is_some_and(|b| b != id) => {
+            Ok(id)
+                if !wiped.contains(o)
+                    && rebuilt.is_none_or(|c| c.pod != *o)
+                    && ids_before[*o as usize].is_some_and(|b| b != id) =>
+            {
                 replaced.push(*o)
             }
             _ => {}
@@ -320,6 +438,10 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         clusters,
         reused_ids,
         replaced,
+        corrupted: corruption.as_ref().map(|c| (c.pod, c.write)),
+        rebuilt: rebuilt.map(|c| c.pod),
+        unwritten,
+        values_unread,
         recovered,
         sentinels: sentinels.count(),
         deleted,
@@ -339,6 +461,28 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
 /// tmpfs, a volume that cannot be emptied) stops the run rather than count as survived.
 fn made<T>(r: crate::Result<T>, what: impl fmt::Display) -> T {
     r.unwrap_or_else(|e| panic!("chaos: {what}: could not be made: {e}"))
+}
+
+/// Pod `o` killed and the value of one of the writes `0..acked` changed in its database
+/// file; which write.
+async fn corrupt(set: &mut Set, o: u32, acked: u64) -> u64 {
+    let fault = Fault::CorruptValue(o);
+    eprintln!("chaos: {fault}");
+    let _ = set.kill(o).await;
+    let changed = corrupt_value(set.data_dir(o), acked)
+        .map_err(crate::Error::io(format!("pod {o}'s database file")));
+    let Some(changed) = made(changed, &fault) else {
+        panic!(
+            "chaos: {fault}: none of the first {} writes' values is in pod {o}'s database file",
+            acked / 2
+        );
+    };
+    eprintln!(
+        "chaos: pod {o}'s value of {} changed on disk ({} copies in its database file)",
+        crate::writer::write_key(changed.i),
+        changed.copies
+    );
+    changed.i
 }
 
 async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>) -> Heal {
@@ -369,6 +513,9 @@ async fn apply_fault(set: &mut Set, fault: &Fault, paused: &mut Vec<(u32, u32)>)
             Heal::Start(*o)
         }
         Fault::Backup(_) => Heal::Nothing,
+        Fault::CorruptValue(_) => {
+            unreachable!("{fault}: made by `corrupt`, with the writer's count")
+        }
         Fault::Partition(o) => {
             made(set.partition(*o, true), fault);
             Heal::Partition(*o)

@@ -33,6 +33,12 @@ pub enum Fault {
     /// The pod's volume filled up: etcd's next write that needs space fails (ENOSPC);
     /// emptied of the filler when healed.
     FillDisk(u32),
+    /// The pod killed, the bytes of one acknowledged write's value in its database file
+    /// replaced by as many others (bbolt has no page checksums: etcd serves them), the pod
+    /// started again when healed. The runner never mends the data: the agent must find the
+    /// member diverged and rebuild it from its peers. At most one per schedule (generator
+    /// 5: [`Schedule::generate_corrupt`]).
+    CorruptValue(u32),
     /// Not a fault: the one-shot `etcd-steward backup` run in the pod, into the set's
     /// `file://` store, while whatever else happens; it overlaps any fault.
     Backup(u32),
@@ -46,7 +52,8 @@ impl Fault {
             | Fault::Pause(o)
             | Fault::LoseVolume(o)
             | Fault::Partition(o)
-            | Fault::FillDisk(o) => vec![*o],
+            | Fault::FillDisk(o)
+            | Fault::CorruptValue(o) => vec![*o],
             Fault::RestartAll(order) => order.clone(),
             Fault::KillSidecar(_) | Fault::WithdrawDns(_) | Fault::Backup(_) => Vec::new(),
         }
@@ -62,6 +69,7 @@ impl Fault {
             | Fault::LoseVolume(o)
             | Fault::Partition(o)
             | Fault::FillDisk(o)
+            | Fault::CorruptValue(o)
             | Fault::Backup(o) => Some(*o),
             Fault::RestartAll(_) => None,
         }
@@ -79,6 +87,7 @@ impl fmt::Display for Fault {
             Fault::RestartAll(order) => write!(f, "restart every pod, in order {order:?}"),
             Fault::Partition(o) => write!(f, "cut pod {o} from its peers"),
             Fault::FillDisk(o) => write!(f, "fill pod {o}'s volume"),
+            Fault::CorruptValue(o) => write!(f, "corrupt a value on pod {o}'s disk"),
             Fault::Backup(o) => write!(f, "back up through pod {o}"),
         }
     }
@@ -116,6 +125,25 @@ pub struct Schedule {
 /// `--defrag-threshold` of a schedule that defragments: any free space at all.
 pub const DEFRAG_THRESHOLD: &str = "--defrag-threshold=1%,1B";
 
+/// `--corruption-check-interval` of a schedule that corrupts a value: the leader's sidecar
+/// compares the members' hashes every second.
+pub const CORRUPTION_CHECK: &str = "--corruption-check-interval=1s";
+
+/// Whether a `fault` at `at` (ms) lasting `lasts` comes within 500 ms of an event of
+/// `events` on the same pod (any pod, for a fault on every pod).
+fn clashes(events: &[Event], at: u64, lasts: Duration, fault: &Fault) -> bool {
+    let end = at + lasts.as_millis() as u64;
+    events.iter().any(|e| {
+        let (s, t) = (e.at.as_millis() as u64, (e.at + e.lasts).as_millis() as u64);
+        let overlaps = at < t + 500 && s < end + 500;
+        let shares = match (e.fault.pod(), fault.pod()) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        overlaps && shares
+    })
+}
+
 impl Schedule {
     /// `faults` faults over about `span`, from `seed`. Faults overlap; a pod carries at most
     /// one fault at a time, at most one volume is lost per schedule, and a restart of every
@@ -148,17 +176,7 @@ impl Schedule {
                     (Fault::RestartAll(order), rng.millis(200, 2000))
                 }
             };
-            let end = at + lasts.as_millis() as u64;
-            let clashes = events.iter().any(|e| {
-                let (s, t) = (e.at.as_millis() as u64, (e.at + e.lasts).as_millis() as u64);
-                let overlaps = at < t + 500 && s < end + 500;
-                let shares = match (e.fault.pod(), fault.pod()) {
-                    (Some(a), Some(b)) => a == b,
-                    _ => true,
-                };
-                overlaps && shares
-            });
-            if clashes {
+            if clashes(&events, at, lasts, &fault) {
                 continue;
             }
             volume_lost |= matches!(fault, Fault::LoseVolume(_));
@@ -211,6 +229,55 @@ impl Schedule {
         let mut rng = Rng::new(seed ^ 0xD15A_57E2_0000_0004);
         s.disaster = Some(Disaster::draw_with_keys(&mut rng, pods));
         s
+    }
+
+    /// Generator 5: the ordinary faults of [`Self::generate`], and one
+    /// [`Fault::CorruptValue`] drawn from the seed (from a sequence of its own: the faults
+    /// are generator 2's), on a pod that carries no other fault meanwhile, overlapping no
+    /// lost volume (a copy lost while another is corrupt could be rebuilt from the corrupt
+    /// one); after every fault when no other time fits.
+    pub fn generate_corrupt(seed: u64, pods: u32, faults: usize, span: Duration) -> Schedule {
+        let mut s = Schedule::generate(seed, pods, faults, span);
+        let mut rng = Rng::new(seed ^ 0xC022_0971_0000_0005);
+        let span_ms = span.as_millis() as u64;
+        let lasts = rng.millis(300, 2000);
+        let o = rng.below(u64::from(pods)) as u32;
+        let fault = Fault::CorruptValue(o);
+        // Backups overlap anything; a lost volume overlaps no corruption on any pod.
+        let faults: Vec<Event> = s
+            .events
+            .iter()
+            .filter(|e| !matches!(e.fault, Fault::Backup(_)))
+            .cloned()
+            .collect();
+        let losses: Vec<Event> = faults
+            .iter()
+            .filter(|e| matches!(e.fault, Fault::LoseVolume(_)))
+            .cloned()
+            .collect();
+        let every_pod = Fault::RestartAll(Vec::new());
+        let fits = (0..50).map(|_| rng.below(span_ms + 1)).find(|at| {
+            !clashes(&faults, *at, lasts, &fault) && !clashes(&losses, *at, lasts, &every_pod)
+        });
+        let at = fits.unwrap_or_else(|| {
+            let end = faults.iter().map(|e| e.at + e.lasts).max();
+            end.unwrap_or_default().as_millis() as u64 + 1000
+        });
+        s.events.push(Event {
+            at: Duration::from_millis(at),
+            lasts,
+            fault,
+        });
+        s.events.sort_by_key(|e| e.at);
+        s
+    }
+
+    /// Whether a fault of the schedule corrupts a value (the sidecars must then check
+    /// their members' hashes often: [`CORRUPTION_CHECK`]).
+    pub fn corrupts(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e.fault, Fault::CorruptValue(_)))
     }
 
     /// Whether a fault of the schedule fills a disk (the pods' volumes must then be
@@ -309,9 +376,13 @@ impl Fault {
             // leadership.
             Fault::WithdrawDns(_) => ELECTION,
             Fault::Pause(_) | Fault::Partition(_) | Fault::FillDisk(_) => ELECTION + HUNG_WRITE,
-            Fault::KillPod(_) | Fault::LoseVolume(_) | Fault::RestartAll(_) => {
-                RESTART + ELECTION + HUNG_WRITE
-            }
+            // A corrupted value's fault lasts, as played, until the agent rebuilt the member
+            // (the runner sees the pods serve written values alone): its cost after that is
+            // a restart's.
+            Fault::KillPod(_)
+            | Fault::LoseVolume(_)
+            | Fault::RestartAll(_)
+            | Fault::CorruptValue(_) => RESTART + ELECTION + HUNG_WRITE,
         }
     }
 }

@@ -170,6 +170,10 @@ fn clean() -> Outcome {
         clusters: [9].into_iter().collect(),
         reused_ids: vec![],
         replaced: vec![],
+        corrupted: None,
+        rebuilt: None,
+        unwritten: vec![],
+        values_unread: vec![],
         recovered: true,
         sentinels: 3,
         deleted: vec![],
@@ -359,4 +363,172 @@ fn the_new_faults_appear_and_count_as_down() {
     assert!(all.iter().any(|f| matches!(f, Fault::FillDisk(_))));
     assert_eq!(Fault::Partition(1).pods_down(), vec![1]);
     assert_eq!(Fault::FillDisk(2).pods_down(), vec![2]);
+}
+
+/// Generator 5 adds one corrupted value to generator 2's faults, on a pod that carries no
+/// other fault meanwhile and while no volume is lost; everything else is generator 2's.
+#[test]
+fn a_corrupting_schedule_corrupts_one_value_on_a_pod_free_of_other_faults_and_of_losses() {
+    let mut pods_seen = std::collections::BTreeSet::new();
+    for seed in 0..300 {
+        let s = Schedule::generate_corrupt(seed, 3, 7, Duration::from_secs(20));
+        let corrupt: Vec<&Event> = s
+            .events
+            .iter()
+            .filter(|e| matches!(e.fault, Fault::CorruptValue(_)))
+            .collect();
+        assert_eq!(corrupt.len(), 1, "seed {seed}: one corrupted value\n{s}");
+        assert!(s.corrupts());
+        let c = corrupt[0];
+        pods_seen.extend(c.fault.pod());
+        for e in &s.events {
+            if e == c || matches!(e.fault, Fault::Backup(_)) {
+                continue;
+            }
+            let apart = e.at >= c.at + c.lasts || c.at >= e.at + e.lasts;
+            let shares = e.fault.pod().is_none_or(|o| Some(o) == c.fault.pod())
+                || matches!(e.fault, Fault::LoseVolume(_));
+            assert!(
+                apart || !shares,
+                "seed {seed}: the corrupted pod carries another fault, or a volume is lost meanwhile\n{s}"
+            );
+        }
+        let mut rest = s.clone();
+        rest.events.retain(|e| e != c);
+        assert_eq!(
+            rest,
+            Schedule::generate(seed, 3, 7, Duration::from_secs(20)),
+            "seed {seed}: generator 2's faults"
+        );
+        assert_eq!(
+            c.fault.to_string(),
+            format!("corrupt a value on pod {}'s disk", c.fault.pod().unwrap())
+        );
+    }
+    assert_eq!(
+        pods_seen.len(),
+        3,
+        "every pod gets corrupted in some schedule"
+    );
+    assert!(!Schedule::generate(1, 3, 7, Duration::from_secs(20)).corrupts());
+    assert_eq!(Fault::CorruptValue(2).pods_down(), vec![2]);
+}
+
+/// A seed replays its schedule only under the generator that wrote its line: the schedules
+/// of generators 2, 3 and 4 are those main generated before generator 5 came.
+#[test]
+fn the_older_generators_draw_the_same_schedules_as_before_generator_5() {
+    let g2 = Schedule::generate(8, 3, 7, Duration::from_secs(20)).to_string();
+    assert_eq!(
+        g2,
+        "schedule of seed 8:
+  sidecars with --defrag-threshold=1%,1B throughout
+  at   2919 ms for  4609 ms: cut pod 1 from its peers
+  at   4567 ms for  3267 ms: kill pod 2
+  at   5198 ms for     0 ms: back up through pod 0
+  at  12164 ms for   398 ms: kill pod 0
+  at  13107 ms for   360 ms: pause pod 1's etcd
+  at  14326 ms for     0 ms: back up through pod 0
+  at  14952 ms for  2683 ms: cut pod 0 from its peers
+  at  16216 ms for  1442 ms: kill pod 2's sidecar
+  at  19801 ms for  1310 ms: restart every pod, in order [2, 1, 0]
+"
+    );
+    let g2 = Schedule::generate(1, 3, 7, Duration::from_secs(20)).to_string();
+    assert_eq!(
+        g2,
+        "schedule of seed 1:
+  at   1152 ms for  3475 ms: pause pod 2's etcd
+  at   3023 ms for  3178 ms: withdraw pod 1's DNS name
+  at   5920 ms for  3440 ms: cut pod 0 from its peers
+  at   7677 ms for  1661 ms: kill pod 1
+  at  11416 ms for   773 ms: withdraw pod 2's DNS name
+  at  12532 ms for     0 ms: back up through pod 2
+  at  13650 ms for     0 ms: back up through pod 2
+  at  17036 ms for  1708 ms: fill pod 1's volume
+  at  17532 ms for  2894 ms: fill pod 2's volume
+"
+    );
+    let g3 = Schedule::generate_disaster(2, 3, 3, Duration::from_secs(8)).to_string();
+    assert_eq!(
+        g3,
+        "schedule of seed 2:
+  at    611 ms for     0 ms: back up through pod 0
+  at   1753 ms for  2690 ms: pause pod 0's etcd
+  at   2839 ms for  3140 ms: fill pod 2's volume
+  at   3984 ms for     0 ms: back up through pod 1
+  at   7452 ms for  1534 ms: lose pod 2's volume
+  then, every fault healed: after a verified backup, lose every pod's volume
+"
+    );
+    let g4 = Schedule::generate_disaster_with_keys(1, 3, 3, Duration::from_secs(8)).to_string();
+    assert_eq!(
+        g4,
+        "schedule of seed 1:
+  at    225 ms for  1661 ms: kill pod 1
+  at    347 ms for     0 ms: back up through pod 0
+  at   1398 ms for  3475 ms: pause pod 2's etcd
+  at   4307 ms for  1708 ms: fill pod 1's volume
+  at   5599 ms for     0 ms: back up through pod 1
+  then, every fault healed: after a verified encrypted backup, lose every pod's volume; start the pods with a key that opens no backup, then with the right one
+"
+    );
+}
+
+#[test]
+fn the_checker_flags_a_value_never_written_and_a_pod_that_did_not_answer_for_its_values() {
+    let mut bad = clean();
+    bad.corrupted = Some((1, Some(7)));
+    assert!(
+        bad.violations().is_empty(),
+        "a corruption healed is no violation"
+    );
+    bad.unwritten
+        .push((1, "w/00000007".into(), "corrupt-00000007".into()));
+    bad.values_unread.push(2);
+    let v = bad.violations();
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(
+        v[0].contains("pod 1")
+            && v[0].contains("corrupt-00000007")
+            && v[0].contains("never written"),
+        "{v:?}"
+    );
+    assert!(v[1].contains("pod 2"), "{v:?}");
+}
+
+/// The runner changes the newest value of the first half of the acknowledged writes found in
+/// the file, every copy of it and nothing else, into as many bytes.
+#[test]
+fn a_value_is_corrupted_in_every_copy_and_nothing_else_is_touched() {
+    use super::corrupt::corrupt_value;
+    use crate::writer::write_value;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("member/snap")).unwrap();
+    let db = dir.path().join("member/snap/db");
+    let mut bytes = b"\x00\x01header".to_vec();
+    for i in [1u64, 3, 4, 3, 9] {
+        bytes.extend(write_value(i).as_bytes());
+        bytes.extend(b"\x12\x00");
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    // Ten acknowledged: the first half is 0..5; 4 is the newest there.
+    let changed = corrupt_value(dir.path(), 10).unwrap().unwrap();
+    assert_eq!((changed.i, changed.copies), (4, 1));
+    let after = std::fs::read(&db).unwrap();
+    assert_eq!(after.len(), bytes.len());
+    let text = String::from_utf8_lossy(&after);
+    assert!(text.contains("corrupt-00000004") && !text.contains(&write_value(4)));
+    let changed = corrupt_value(dir.path(), 10).unwrap().unwrap();
+    assert_eq!((changed.i, changed.copies), (3, 2), "both copies");
+    let text = String::from_utf8_lossy(&std::fs::read(&db).unwrap()).into_owned();
+    assert_eq!(
+        text.matches("written-").count(),
+        2,
+        "1 and 9 untouched: {text}"
+    );
+    assert!(
+        corrupt_value(dir.path(), 2).unwrap().is_none(),
+        "0 is not in the file"
+    );
 }
