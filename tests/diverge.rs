@@ -308,6 +308,53 @@ async fn hashes(set: &Set) -> Vec<(u32, i64)> {
     out
 }
 
+/// Restarts exited etcds (as the kubelet does) until pod `changed` serves as a new member
+/// (not `old`), every pod is a ready voter and every member's `HashKV` agrees.
+async fn wait_rebuilt(set: &mut Set, changed: u32, old: u64) {
+    let end = tokio::time::Instant::now() + REBUILT;
+    loop {
+        set.restart_exited().unwrap();
+        let new = set.member_id(changed).await.ok();
+        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
+            let h = hashes(set).await;
+            if h.iter().all(|x| *x == h[0]) {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "not rebuilt within {REBUILT:?}{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// After a rebuild of pod `changed`: every pod serves the value written, the changed
+/// database file is kept under one `set-aside/<time>-diverged/`, and the rebuild counted.
+async fn assert_rebuilt_with_data_kept(set: &Set, changed: u32) {
+    for o in 0..3 {
+        assert_eq!(
+            served_value(set, o).await.as_deref(),
+            Some(VALUE),
+            "pod {o} serves the value that was written"
+        );
+    }
+    let aside: Vec<_> = std::fs::read_dir(set.data_dir(changed).join("set-aside"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with("-diverged"))
+        .collect();
+    assert_eq!(aside.len(), 1, "one set-aside for the rebuild");
+    let db = std::fs::read(aside[0].path().join("member/snap/db")).unwrap();
+    assert!(
+        db.windows(TO.len()).any(|w| w == TO),
+        "the changed database file is kept"
+    );
+    let m = metrics(set, changed).await;
+    assert!(m.contains("etcd_steward_members_rebuilt_total 1"), "{m}");
+}
+
 async fn corrupt_alarm(set: &Set, o: u32) -> bool {
     let Ok(mut c) = set.client(o).await else {
         return false;
@@ -406,46 +453,10 @@ async fn a_diverged_member_is_rebuilt_from_its_peers(etcd: Etcd, which: Changed)
         set.start_sidecar(o).unwrap();
     }
     // Rebuilt: a new member serves here as a ready voter, and every member's hash agrees.
-    let end = tokio::time::Instant::now() + REBUILT;
-    loop {
-        set.restart_exited().unwrap();
-        let new = set.member_id(changed).await.ok();
-        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
-            let h = hashes(&set).await;
-            if h.iter().all(|x| *x == h[0]) {
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "not rebuilt within {REBUILT:?}{}",
-            set.dump()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_rebuilt(&mut set, changed, old).await;
     let new = set.member_id(changed).await.unwrap();
     assert_ne!(new, old, "an empty member never reuses its old member ID");
-    for o in 0..3 {
-        assert_eq!(
-            served_value(&set, o).await.as_deref(),
-            Some(VALUE),
-            "pod {o} serves the value that was written"
-        );
-    }
-    // The changed file is kept, under set-aside/<time>-diverged/.
-    let aside: Vec<_> = std::fs::read_dir(set.data_dir(changed).join("set-aside"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with("-diverged"))
-        .collect();
-    assert_eq!(aside.len(), 1, "one set-aside for the rebuild");
-    let db = std::fs::read(aside[0].path().join("member/snap/db")).unwrap();
-    assert!(
-        db.windows(TO.len()).any(|w| w == TO),
-        "the changed database file is kept"
-    );
-    let m = metrics(&set, changed).await;
-    assert!(m.contains("etcd_steward_members_rebuilt_total 1"), "{m}");
+    assert_rebuilt_with_data_kept(&set, changed).await;
     wait_for_or(
         FOUND,
         "a MemberRebuilt Event on the changed member's pod",
@@ -738,43 +749,8 @@ async fn a_member_whose_etcd_refuses_to_start_is_rebuilt_from_its_peers(etcd: Et
         || set.dump(),
     )
     .await;
-    let end = tokio::time::Instant::now() + REBUILT;
-    loop {
-        set.restart_exited().unwrap();
-        let new = set.member_id(changed).await.ok();
-        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
-            let h = hashes(&set).await;
-            if h.iter().all(|x| *x == h[0]) {
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "not rebuilt within {REBUILT:?}{}",
-            set.dump()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    for o in 0..3 {
-        assert_eq!(
-            served_value(&set, o).await.as_deref(),
-            Some(VALUE),
-            "pod {o} serves the value that was written"
-        );
-    }
-    let aside: Vec<_> = std::fs::read_dir(set.data_dir(changed).join("set-aside"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with("-diverged"))
-        .collect();
-    assert_eq!(aside.len(), 1, "one set-aside for the rebuild");
-    let db = std::fs::read(aside[0].path().join("member/snap/db")).unwrap();
-    assert!(
-        db.windows(TO.len()).any(|w| w == TO),
-        "the changed database file is kept"
-    );
-    let m = metrics(&set, changed).await;
-    assert!(m.contains("etcd_steward_members_rebuilt_total 1"), "{m}");
+    wait_rebuilt(&mut set, changed, old).await;
+    assert_rebuilt_with_data_kept(&set, changed).await;
     set.shutdown().await;
 }
 
@@ -843,40 +819,10 @@ async fn a_member_serving_again_after_a_silence_is_judged_at_once(etcd: Etcd) {
     set.start_sidecar(changed).unwrap();
     tokio::time::sleep(Duration::from_secs(12)).await;
     start_init(&mut set, changed);
-    let end = tokio::time::Instant::now() + REBUILT;
-    loop {
-        set.restart_exited().unwrap();
-        let new = set.member_id(changed).await.ok();
-        if new.is_some_and(|id| id != old) && set.all_ready(&[0, 1, 2]).await {
-            let h = hashes(&set).await;
-            if h.iter().all(|x| *x == h[0]) {
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "not rebuilt within {REBUILT:?}{}",
-            set.dump()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_rebuilt(&mut set, changed, old).await;
     let logs = set.logs(changed);
     assert!(logs.contains("judged by its own sidecar"), "{logs}");
-    for o in 0..3 {
-        assert_eq!(
-            served_value(&set, o).await.as_deref(),
-            Some(VALUE),
-            "pod {o} serves the value that was written"
-        );
-    }
-    let aside = set.data_dir(changed).join("set-aside");
-    assert!(
-        std::fs::read_dir(&aside)
-            .unwrap()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with("-diverged")),
-        "the changed data kept under set-aside/…-diverged/"
-    );
+    assert_rebuilt_with_data_kept(&set, changed).await;
     set.shutdown().await;
 }
 
