@@ -27,7 +27,7 @@ use crate::etcd::{Connector, Etcd};
 use crate::facts::rebuild::{confirmed, proves, reasked, RebuildRequest};
 use crate::facts::{BackupFacts, RecoveryRequest, RestoreRequest, RestoreWanted};
 use crate::observe::{list_backups, HttpReports, Observer};
-use crate::sidecar::conn::connect_url;
+use crate::sidecar::conn::hash_kv_at;
 use crate::sidecar::http::control::CheckRequests;
 use crate::volume;
 
@@ -189,15 +189,18 @@ where
                 .iter()
                 .find(|m| m.id == *id)
                 .and_then(|m| m.client_urls.first().cloned());
-            again.push((*id, self.hash_of(url.as_deref(), d.revision).await));
+            again.push((
+                *id,
+                hash_kv_at(
+                    &self.obs.dns,
+                    &self.obs.connector,
+                    url.as_deref(),
+                    d.revision,
+                )
+                .await,
+            ));
         }
         reasked(d, &again)
-    }
-
-    /// `HashKV` at `revision` of the member at client URL `url`, asked from here.
-    async fn hash_of(&self, url: Option<&str>, revision: i64) -> Result<(u32, i64), String> {
-        let member = connect_url(&self.obs.dns, &self.obs.connector, url).await?;
-        member.hash_kv(revision).await.map_err(|e| e.to_string())
     }
 }
 

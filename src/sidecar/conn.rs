@@ -31,6 +31,18 @@ pub async fn connect_url<D: Dns, C: Connector>(
         .map_err(|e| e.to_string())
 }
 
+/// `HashKV` at `revision` of the member at client URL `url` (a new connection, see
+/// [`connect_url`]): the hash and the compacted revision, or why there is none, in words.
+pub async fn hash_kv_at<D: Dns, C: Connector>(
+    dns: &D,
+    connector: &C,
+    url: Option<&str>,
+    revision: i64,
+) -> Result<(u32, i64), String> {
+    let member = connect_url(dns, connector, url).await?;
+    member.hash_kv(revision).await.map_err(|e| e.to_string())
+}
+
 /// The connection cache, and the DNS and connector it opens connections with.
 pub struct Connections<D, C: Connector> {
     identity: Identity,

@@ -45,7 +45,7 @@ use crate::facts::hashes::{Answered, HashAnswer};
 use crate::facts::rebuild::{offline_proof, own_proof, RebuildRequest};
 use crate::identity::Identity;
 
-use super::conn::connect_url;
+use super::conn::{connect_url, hash_kv_at};
 use super::execute::corruption::ask_hashes;
 use super::recovery::{Inbox, Taken};
 
@@ -172,22 +172,21 @@ where
             return;
         }
         let since = *self.down_since.get_or_insert(now);
-        if now.duration_since(since) >= DOWN_FOR {
+        let down_for = now.duration_since(since);
+        if down_for >= DOWN_FOR {
             self.back_pending = true;
         }
-        let Some(setup) = self.ctx.setup.clone() else {
+        if self.ctx.setup.is_none() || self.task.is_some() {
             return;
-        };
-        let db = fingerprint(&db_file(&self.ctx.data_dir));
-        let go = self.task.is_none()
-            && due(
-                Some(now.duration_since(since)),
-                self.last_try.map(|t| now.duration_since(t)),
-                db,
-                self.judged.map(|(f, at)| (f, now.duration_since(at))),
-                self.inbox.current().is_some(),
-            );
-        if go {
+        }
+        let go = due(
+            Some(down_for),
+            self.last_try.map(|t| now.duration_since(t)),
+            fingerprint(&db_file(&self.ctx.data_dir)),
+            self.judged.map(|(f, at)| (f, now.duration_since(at))),
+            self.inbox.current().is_some(),
+        );
+        if let (true, Some(setup)) = (go, self.ctx.setup.clone()) {
             self.last_try = Some(now);
             self.task = Some(tokio::spawn(offline_look(self.ctx.clone(), setup)));
         }
@@ -337,23 +336,13 @@ async fn cluster<D: Dns, C: Connector>(
 
 /// Member `m`'s `HashKV` at `revision`, asked from here.
 async fn ask<D: Dns, C: Connector>(ctx: &Ctx<D, C>, m: &MemberInfo, revision: i64) -> HashAnswer {
-    let got = match connect_url(
-        &ctx.dns,
-        &ctx.connector,
-        m.client_urls.first().map(String::as_str),
-    )
-    .await
-    {
-        Err(error) => Answered::NoAnswer { error },
-        Ok(member) => match member.hash_kv(revision).await {
-            Ok((hash, compact_revision)) => Answered::Hash {
-                hash,
-                compact_revision,
-            },
-            Err(e) => Answered::NoAnswer {
-                error: e.to_string(),
-            },
+    let url = m.client_urls.first().map(String::as_str);
+    let got = match hash_kv_at(&ctx.dns, &ctx.connector, url, revision).await {
+        Ok((hash, compact_revision)) => Answered::Hash {
+            hash,
+            compact_revision,
         },
+        Err(error) => Answered::NoAnswer { error },
     };
     HashAnswer { member: m.id, got }
 }
