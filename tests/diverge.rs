@@ -308,6 +308,40 @@ async fn hashes(set: &Set) -> Vec<(u32, i64)> {
     out
 }
 
+/// Writes the value the tests change (and `keys` others), lets every member apply them,
+/// then kills a follower and changes its database file on disk: its ordinal and member ID.
+async fn change_a_follower(set: &mut Set, keys: usize) -> (u32, u64) {
+    let mut c = set.any_client().await.unwrap();
+    c.put(KEY, VALUE, None).await.unwrap();
+    set.put_keys("k", keys).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = set.leader().await.unwrap();
+    let changed = (0..3).find(|o| *o != leader).unwrap();
+    let old = set.member_id(changed).await.unwrap();
+    set.kill(changed).await.unwrap();
+    assert!(change_db(set.data_dir(changed)) >= 1);
+    (changed, old)
+}
+
+/// Waits until pod `o`'s etcd refused to start on data that differs from its peers'.
+async fn wait_refused(set: &Set, o: u32) {
+    wait_for_or(
+        FOUND,
+        "etcd refusing to start on the changed data",
+        || async { set.logs(o).contains("found data inconsistency with peers") },
+        || set.dump(),
+    )
+    .await;
+}
+
+/// Whether pod `o`'s sidecar logged that it holds a rebuild request it made itself, on a
+/// hash of the database file computed offline (`offline`) or asked of its running etcd.
+fn held_by_own_sidecar(set: &Set, o: u32, offline: bool) -> bool {
+    set.logs(o).lines().any(|l| {
+        l.contains("a rebuild request is held") && l.contains(&format!("\"offline\":{offline}"))
+    })
+}
+
 /// Restarts exited etcds (as the kubelet does) until pod `changed` serves as a new member
 /// (not `old`), every pod is a ready voter and every member's `HashKV` agrees.
 async fn wait_rebuilt(set: &mut Set, changed: u32, old: u64) {
@@ -673,25 +707,9 @@ async fn etcd_refuses_to_start_on_data_that_differs_from_its_peers(etcd: Etcd) {
         start(&mut set, o);
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
-    let mut c = set.any_client().await.unwrap();
-    c.put(KEY, VALUE, None).await.unwrap();
-    set.put_keys("k", 50).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = set.leader().await.unwrap();
-    let changed = (0..3).find(|o| *o != leader).unwrap();
-    set.kill(changed).await.unwrap();
-    assert!(change_db(set.data_dir(changed)) >= 1);
+    let (changed, _) = change_a_follower(&mut set, 50).await;
     start(&mut set, changed);
-    wait_for_or(
-        FOUND,
-        "etcd refusing to start on the changed data",
-        || async {
-            set.logs(changed)
-                .contains("found data inconsistency with peers")
-        },
-        || set.dump(),
-    )
-    .await;
+    wait_refused(&set, changed).await;
     assert!(!set.ready(changed).await);
     set.shutdown().await;
 }
@@ -719,33 +737,13 @@ async fn a_member_whose_etcd_refuses_to_start_is_rebuilt_from_its_peers(etcd: Et
         start(&mut set, o);
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
-    let mut c = set.any_client().await.unwrap();
-    c.put(KEY, VALUE, None).await.unwrap();
-    set.put_keys("k", 50).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = set.leader().await.unwrap();
-    let changed = (0..3).find(|o| *o != leader).unwrap();
-    let old = set.member_id(changed).await.unwrap();
-    set.kill(changed).await.unwrap();
-    assert!(change_db(set.data_dir(changed)) >= 1);
+    let (changed, old) = change_a_follower(&mut set, 50).await;
     start(&mut set, changed);
-    wait_for_or(
-        FOUND,
-        "etcd refusing to start on the changed data",
-        || async {
-            set.logs(changed)
-                .contains("found data inconsistency with peers")
-        },
-        || set.dump(),
-    )
-    .await;
+    wait_refused(&set, changed).await;
     wait_for_or(
         FOUND,
         "the changed member's sidecar holding a rebuild request, on the offline hash",
-        || async {
-            set.read_logs(changed, "sidecar")
-                .contains("a rebuild request is held")
-        },
+        || async { held_by_own_sidecar(&set, changed, true) },
         || set.dump(),
     )
     .await;
@@ -805,23 +803,18 @@ async fn a_member_serving_again_after_a_silence_is_judged_at_once(etcd: Etcd) {
         start_init(&mut set, o);
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
-    let mut c = set.any_client().await.unwrap();
-    c.put(KEY, VALUE, None).await.unwrap();
-    set.put_keys("k", 20).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let leader = set.leader().await.unwrap();
-    let changed = (0..3).find(|o| *o != leader).unwrap();
-    let old = set.member_id(changed).await.unwrap();
-    set.kill(changed).await.unwrap();
-    assert!(change_db(set.data_dir(changed)) >= 1);
+    let (changed, old) = change_a_follower(&mut set, 20).await;
     // The pod back, its etcd silent for longer than a start takes (a crash loop, a wait).
     set.set_dns(changed, true).unwrap();
     set.start_sidecar(changed).unwrap();
     tokio::time::sleep(Duration::from_secs(12)).await;
     start_init(&mut set, changed);
     wait_rebuilt(&mut set, changed, old).await;
-    let logs = set.logs(changed);
-    assert!(logs.contains("judged by its own sidecar"), "{logs}");
+    assert!(
+        held_by_own_sidecar(&set, changed, false),
+        "the request held by the changed member's own sidecar, online{}",
+        set.dump()
+    );
     assert_rebuilt_with_data_kept(&set, changed).await;
     set.shutdown().await;
 }
