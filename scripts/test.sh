@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp /tmp/steward-test-XXXXXX.log)
+# The fault suite in .ci/run appends its flaky scenarios after this run's.
+rm -f target/flaky-tests.txt
 status=0
 # Scenarios are mostly waiting on etcd; three at a time fit two cores.
 cargo test --locked --no-fail-fast -- --test-threads="${STEWARD_TEST_THREADS:-3}" "$@" 2>&1 \
