@@ -17,7 +17,9 @@ use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use etcd_steward::backup::archive::drill::ArchiveCheck;
-use etcd_steward::backup::archive::replay::{self, EarlyStop, ReplaySetup, Replayed, Target};
+use etcd_steward::backup::archive::replay::{
+    self, EarlyStop, Method, ReplaySetup, Replayed, Target,
+};
 use etcd_steward::backup::archive::segment::{Op, Revision};
 use etcd_steward::backup::archive::SegmentManifest;
 use etcd_steward::backup::catalog;
@@ -170,6 +172,7 @@ fn setup(dir: &Path) -> ReplaySetup {
         work_dir: dir.join("replay-work"),
         start_timeout: Duration::from_secs(30),
         auth: None,
+        method: Method::default(),
     }
 }
 
@@ -291,6 +294,139 @@ async fn a_replay_brings_back_every_key_at_its_original_revision_and_its_leases_
     }
 }
 
+/// `HashKV` of `e` at `revision`.
+async fn hash_at(e: &Etcd, revision: i64) -> u32 {
+    let mut c = e.client().await;
+    c.hash_kv(revision).await.unwrap().hash()
+}
+
+/// A snapshot whose `key` bucket is a tree of several levels, then an archive of every
+/// kind of change over several levels more: 1 KiB overwrites, values bigger than a page,
+/// leased keys on leases granted after the snapshot and on one from before it, deletes of
+/// keys from before the snapshot and keys written after it, keys deleted and written
+/// again, and transactions of several puts and deletes.
+async fn written_large(
+    dir: &Path,
+    store: &Store,
+) -> (Etcd, Manifest, PathBuf, Vec<SegmentManifest>, i64) {
+    let live = Etcd::start("live", &dir.join("live"), free_port()).await;
+    let mut c = live.client().await;
+    let old = c.lease_grant(45, None).await.unwrap().id();
+    for i in 0..3000 {
+        let lease = (i % 100 == 0).then(|| PutOptions::new().with_lease(old));
+        c.put(format!("/old/{i:05}"), vec![b'o'; 100], lease)
+            .await
+            .unwrap();
+    }
+    let (m, file) = snapshot_of(&live, store, dir).await;
+    let fresh = c.lease_grant(30, None).await.unwrap().id();
+    for i in 0..4000u32 {
+        match i % 10 {
+            0 => {
+                c.put(format!("/old/{:05}", i % 3000), format!("again {i}"), None)
+                    .await
+                    .unwrap();
+            }
+            1 => {
+                c.delete(format!("/old/{:05}", (i * 7) % 3000), None)
+                    .await
+                    .unwrap();
+            }
+            2 => {
+                let lease = PutOptions::new().with_lease(if i % 20 == 2 { fresh } else { old });
+                c.put(format!("/leased/{}", i % 50), format!("l{i}"), Some(lease))
+                    .await
+                    .unwrap();
+            }
+            3 if i % 100 == 3 => {
+                c.put(
+                    format!("/big/{}", i % 7),
+                    vec![b'b'; 10_000 + i as usize],
+                    None,
+                )
+                .await
+                .unwrap();
+            }
+            4 => {
+                c.txn(Txn::new().and_then([
+                    TxnOp::put(format!("/t/{}", i % 40), "x", None),
+                    TxnOp::put(format!("/u/{}", i % 40), vec![b'u'; 700], None),
+                    TxnOp::delete(format!("/new/{:05}", i - 1), None),
+                ]))
+                .await
+                .unwrap();
+            }
+            _ => {
+                c.put(format!("/new/{i:05}"), vec![b'n'; 1024], None)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    let last = live.revision().await;
+    let cluster = u64::from_str_radix(&m.cluster_id, 16).unwrap();
+    let segments =
+        archive::archive(&mut c, store, cluster, m.revision + 1, last, 700, time_of).await;
+    (live, m, file, segments, last)
+}
+
+#[tokio::test]
+async fn a_replay_written_into_the_snapshots_file_is_what_etcd_itself_made_of_the_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, file, segments, last) = written_large(dir.path(), &store).await;
+    let expected = keyspace(&mut live.client().await, None).await;
+    let live_hash = hash_at(&live, last).await;
+    for method in [Method::File, Method::Api] {
+        let out = dir.path().join(format!("folded-{method:?}.db"));
+        let setup = ReplaySetup {
+            method,
+            ..setup(dir.path())
+        };
+        let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
+            .await
+            .unwrap();
+        assert_eq!(r.method, method, "{r:?}");
+        assert_eq!(
+            (r.last_revision, r.stopped.clone()),
+            (last, None),
+            "{method:?}"
+        );
+        assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
+        let restored = started_from(&out, dir.path(), &format!("restored-{method:?}")).await;
+        assert_eq!(restored.revision().await, last, "{method:?}");
+        assert_eq!(
+            hash_at(&restored, last).await,
+            live_hash,
+            "{method:?}: HashKV at {last}"
+        );
+        let mut c = restored.client().await;
+        let got = keyspace(&mut c, None).await;
+        assert_eq!(got.len(), expected.len(), "{method:?}");
+        assert!(
+            got == expected,
+            "{method:?}: the keyspace differs from the live one"
+        );
+        let leased: Vec<&Kv> = got.iter().filter(|kv| kv.5 != 0).collect();
+        let leases: std::collections::BTreeSet<i64> = leased.iter().map(|kv| kv.5).collect();
+        assert_eq!(
+            leases.len(),
+            2,
+            "keys on the old and the new lease: {leased:?}"
+        );
+        for kv in leased {
+            let ttl = c.lease_time_to_live(kv.5, None).await.unwrap();
+            assert!(
+                [30, 45].contains(&ttl.granted_ttl()),
+                "lease {:x}: {}",
+                kv.5,
+                ttl.granted_ttl()
+            );
+            assert!(ttl.ttl() > 0, "the lease is alive after the restore");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_replay_to_a_revision_or_to_a_time_stops_at_the_last_revision_not_after_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -376,14 +512,17 @@ async fn a_corrupted_segment_ends_the_replay_before_it_and_what_was_verified_is_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn replay_speed_with_1_kib_values() {
-    const N: i64 = 20_000;
+    let n: i64 = std::env::var("REPLAY_SPEED_REVISIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());
     let live = Etcd::start("empty", &dir.path().join("empty"), free_port()).await;
     let (m, file) = snapshot_of(&live, &store, dir.path()).await;
     drop(live);
     let base = m.revision;
-    let revs: Vec<Revision> = (1..=N)
+    let revs: Vec<Revision> = (1..=n)
         .map(|i| Revision {
             revision: base + i,
             time_unix_ms: time_of(base + i),
@@ -397,18 +536,32 @@ async fn replay_speed_with_1_kib_values() {
     let segments = archive::put_segments(&store, 0xc1, &revs, &Default::default(), 2000).await;
     let (cpu_self, cpu_children) = (cpu_seconds("self"), children_cpu_seconds());
     println!("load average before: {}", load_average());
+    let method = match std::env::var("REPLAY_SPEED_METHOD").as_deref() {
+        Ok("api") => Method::Api,
+        _ => Method::File,
+    };
+    let setup = ReplaySetup {
+        method,
+        ..setup(dir.path())
+    };
+    let out = dir.path().join("folded.db");
     let started = std::time::Instant::now();
-    let r = replayed(&store, &m, &file, &segments, Target::End, dir.path()).await;
+    let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
+        .await
+        .unwrap();
     let total = started.elapsed();
-    assert_eq!((r.last_revision, r.stopped.clone()), (base + N, None));
+    assert_eq!(r.method, method);
+    assert_eq!((r.last_revision, r.stopped.clone()), (base + n, None));
     println!(
-        "replay: {} revisions applied in {:.2?} = {:.0} revisions/s, {} resent, {} overtaken (whole replay incl. restore, start, snapshot: {:.2?}); CPU s: test process {:.2}, etcd and etcdutl {:.2}; load average after: {}",
+        "replay ({:?}): {} revisions applied in {:.2?} = {:.0} revisions/s, {} resent, {} overtaken (whole replay incl. restore, start, snapshot: {:.2?} = {:.0} revisions/s); CPU s: test process {:.2}, etcd and etcdutl {:.2}; load average after: {}",
+        r.method,
         r.revisions,
         r.applying,
         r.revisions as f64 / r.applying.as_secs_f64(),
         r.resent,
         r.overtaken,
         total,
+        r.revisions as f64 / total.as_secs_f64(),
         cpu_seconds("self") - cpu_self,
         children_cpu_seconds() - cpu_children,
         load_average(),

@@ -157,6 +157,7 @@ impl DrillSetup {
             work_dir: self.scratch_dir.join("drill-archive"),
             start_timeout: self.start_timeout,
             auth: self.auth.clone(),
+            method: crate::backup::archive::replay::Method::default(),
         }
     }
 }

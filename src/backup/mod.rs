@@ -8,6 +8,7 @@
 //! cluster), [`schedule`] (pure: take one now? drill now? and the metric values).
 
 pub mod archive;
+pub mod bolt;
 pub mod catalog;
 pub mod compress;
 pub mod crypt;

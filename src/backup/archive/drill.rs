@@ -345,6 +345,7 @@ mod tests {
             applying: Duration::ZERO,
             resent: 0,
             overtaken: 0,
+            method: crate::backup::archive::replay::Method::File,
         }
     }
 

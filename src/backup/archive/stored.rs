@@ -195,6 +195,13 @@ async fn list_where(
 /// manifest, then decryption (with the store's keys), decompression and decoding, and its
 /// revisions against the manifest's.
 pub async fn get(store: &Store, m: &SegmentManifest) -> Result<Segment, SegmentError> {
+    let compressed = fetch(store, m).await?;
+    open(m, &compressed)
+}
+
+/// Segment `m`'s object from the store, its size and SHA-256 checked against the manifest
+/// and decrypted: the compressed encoding, for [`open`].
+pub async fn fetch(store: &Store, m: &SegmentManifest) -> Result<Vec<u8>, SegmentError> {
     let stored = store.get(&m.seg_object()).await?;
     let sha256 = hex(&Sha256::digest(&stored));
     if sha256 != m.sha256 || stored.len() as u64 != m.size {
@@ -204,16 +211,22 @@ pub async fn get(store: &Store, m: &SegmentManifest) -> Result<Segment, SegmentE
             sha256,
         });
     }
-    let compressed =
-        match &m.encryption {
-            Some(enc) => crypt::decrypt_bytes(&m.name, &enc.key, store.keys(), &stored).map_err(
-                |source| SegmentError::Decrypt {
+    match &m.encryption {
+        Some(enc) => {
+            crypt::decrypt_bytes(&m.name, &enc.key, store.keys(), &stored).map_err(|source| {
+                SegmentError::Decrypt {
                     name: m.name.clone(),
                     source,
-                },
-            )?,
-            None => stored,
-        };
+                }
+            })
+        }
+        None => Ok(stored),
+    }
+}
+
+/// Segment `m` decoded from what [`fetch`] returned, its revisions checked against the
+/// manifest.
+pub fn open(m: &SegmentManifest, compressed: &[u8]) -> Result<Segment, SegmentError> {
     let limit = usize::try_from(m.plain_size)
         .unwrap_or(PLAIN_LIMIT)
         .min(PLAIN_LIMIT);
@@ -221,7 +234,7 @@ pub async fn get(store: &Store, m: &SegmentManifest) -> Result<Segment, SegmentE
         name: m.name.clone(),
         source,
     };
-    let segment = Segment::decompress(&compressed, limit).map_err(decode)?;
+    let segment = Segment::decompress(compressed, limit).map_err(decode)?;
     if segment.first_revision() != Some(m.first_revision)
         || segment.last_revision() != Some(m.last_revision)
     {

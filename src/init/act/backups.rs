@@ -176,6 +176,7 @@ pub(super) async fn point_file<C>(
         work_dir: restore::staging_dir(dir).join("replay"),
         start_timeout: Duration::from_secs(60),
         auth: world.cfg.etcd.auth.clone(),
+        method: replay::Method::default(),
     };
     replay::fold(store, manifest, &base, target, &setup, &out).await?;
     let _ = std::fs::remove_file(&base);

@@ -21,6 +21,8 @@
 //! becomes ([`txn_ops`], [`guards`]), the leases it needs ([`leases_to_grant`]) and what to
 //! send next ([`Pipeline`]) are pure.
 
+mod api;
+pub mod direct;
 mod leases;
 mod pipeline;
 mod plan;
@@ -32,11 +34,11 @@ pub use plan::{
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, Txn};
+use etcd_client::{Client, ConnectOptions};
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
-use super::segment::{Revision, Segment};
+use super::segment::Segment;
 use super::stored;
 use super::{chain, SegmentManifest};
 use crate::backup::manifest::Manifest;
@@ -64,6 +66,20 @@ pub struct ReplaySetup {
     /// The cluster's etcd credentials: a snapshot taken with etcd's authentication on
     /// restores with it on, so the throw-away etcd asks for them too.
     pub auth: Option<crate::etcd::Auth>,
+    /// How the revisions reach the scratch member.
+    pub method: Method,
+}
+
+/// How a replay applies the archived revisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Method {
+    /// Written into the restored snapshot's file before the throw-away etcd starts
+    /// ([`direct`]), which must then serve exactly the last one; through etcd's API when
+    /// the file cannot take them.
+    #[default]
+    File,
+    /// One guarded transaction each through the throw-away etcd's API.
+    Api,
 }
 
 /// A completed replay.
@@ -92,6 +108,9 @@ pub struct Replayed {
     pub resent: u64,
     /// Times a transaction reached etcd before its predecessor.
     pub overtaken: u64,
+    /// How the revisions were applied ([`Method::Api`] too when the file could not take
+    /// them).
+    pub method: Method,
 }
 
 #[derive(Debug, Error)]
@@ -205,6 +224,47 @@ async fn replay_then(
     setup: &ReplaySetup,
     finish: Finish<'_>,
 ) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
+    let args = (
+        store,
+        snapshot,
+        snapshot_name,
+        segments,
+        target,
+        setup,
+        finish,
+    );
+    if setup.method == Method::File {
+        match attempt(args, Method::File).await? {
+            Ok(done) => return Ok(done),
+            Err(unfit) => tracing::warn!(reason = %unfit.0,
+                "the archive replay cannot be written into the snapshot's file: replaying it through etcd's API instead"),
+        }
+    }
+    match attempt(args, Method::Api).await? {
+        Ok(done) => Ok(done),
+        Err(unfit) => Err(scratch_err(unfit.0)),
+    }
+}
+
+type Args<'a> = (
+    &'a Store,
+    &'a Path,
+    &'a str,
+    &'a [SegmentManifest],
+    Target,
+    &'a ReplaySetup,
+    Finish<'a>,
+);
+
+type Outcome = (Replayed, Option<Result<KvHash, String>>);
+
+/// One replay from the snapshot, by `method`. `Ok(Err(_))`: the file could not take the
+/// revisions, or the throw-away etcd did not serve what was written (nothing of it is
+/// used: the caller replays again through the API).
+async fn attempt(
+    (store, snapshot, snapshot_name, segments, target, setup, finish): Args<'_>,
+    method: Method,
+) -> Result<Result<Outcome, direct::Unfit>, ReplayError> {
     let work = &setup.work_dir;
     if work.exists() {
         std::fs::remove_dir_all(work).map_err(io("remove", work))?;
@@ -224,6 +284,23 @@ async fn replay_then(
             name: snapshot_name.to_string(),
             error,
         })?;
+    let mut written = None;
+    if method == Method::File {
+        let db = data.join("member").join("snap").join("db");
+        let current = match direct::file_revision(&db) {
+            Ok(r) => r,
+            Err(unfit) => return Ok(Err(unfit)),
+        };
+        let mut done = Replayed::from_snapshot(snapshot_name, current, finish);
+        let kept = work.join("segments");
+        if let Err(unfit) =
+            direct::replay_into(store, &db, current, segments, target, &kept, &mut done).await?
+        {
+            return Ok(Err(unfit));
+        }
+        done.method = Method::File;
+        written = Some(done);
+    }
     let mut flags = vec![
         // A revision is one transaction, however many keys it changed.
         "--max-txn-ops=1000000".to_string(),
@@ -249,13 +326,17 @@ async fn replay_then(
         target,
         setup,
         finish,
+        written,
     )
     .await;
     let _ = etcd.kill().await;
     let _ = etcd.wait().await;
     match &result {
-        Ok(_) => {
+        Ok(Ok(_)) => {
             let _ = std::fs::remove_dir_all(work);
+        }
+        Ok(Err(unfit)) => {
+            tracing::warn!(reason = %unfit.0, "the archive replay written into the file is not used");
         }
         Err(e) => {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
@@ -264,6 +345,29 @@ async fn replay_then(
         }
     }
     result
+}
+
+impl Replayed {
+    /// Nothing replayed yet onto snapshot `name` at `revision`.
+    fn from_snapshot(name: &str, revision: i64, finish: Finish<'_>) -> Replayed {
+        Replayed {
+            file: match finish {
+                Finish::SnapshotTo(out) => out.to_path_buf(),
+                Finish::HashAt { .. } => PathBuf::new(),
+            },
+            snapshot: name.to_string(),
+            snapshot_revision: revision,
+            segments: Vec::new(),
+            revisions: 0,
+            last_revision: revision,
+            last_time_unix_ms: None,
+            stopped: None,
+            applying: Duration::ZERO,
+            resent: 0,
+            overtaken: 0,
+            method: Method::Api,
+        }
+    }
 }
 
 /// A restore point's file: the segments that continue snapshot `manifest` (the store's
@@ -288,7 +392,7 @@ pub async fn fold(
     tracing::warn!(snapshot = %r.snapshot, snapshot_revision = r.snapshot_revision,
         segments = r.segments.len(), revisions_replayed = r.revisions,
         last_revision = r.last_revision, last_time = %last_time,
-        replay_seconds = r.applying.as_secs_f64(),
+        replay_seconds = r.applying.as_secs_f64(), method = ?r.method,
         "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
     if let Some(why) = &r.stopped {
         tracing::warn!(snapshot = %r.snapshot, last_revision = r.last_revision, reason = %why,
@@ -331,6 +435,7 @@ async fn connect(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     store: &Store,
     scratch: &Scratch,
@@ -339,86 +444,38 @@ async fn run(
     target: Target,
     setup: &ReplaySetup,
     finish: Finish<'_>,
-) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
-    let (client, snapshot_revision) =
-        connect(scratch, setup.start_timeout, setup.auth.as_ref()).await?;
-    let mut applier = Applier {
-        kv: client.kv_client(),
-        leases: Leases::start(client.clone()).await?,
-        current: snapshot_revision,
-        guard: None,
+    written: Option<Replayed>,
+) -> Result<Result<Outcome, direct::Unfit>, ReplayError> {
+    let (client, served) = connect(scratch, setup.start_timeout, setup.auth.as_ref()).await?;
+    // Every lease is kept alive until the snapshot or the hash is taken: an expiring one
+    // would delete keys and add revisions.
+    let mut leases = Leases::start(client.clone()).await?;
+    let done = match written {
+        Some(done) if served != done.last_revision => {
+            return Ok(Err(direct::Unfit(format!(
+            "the throw-away etcd serves revision {served} from the file written up to revision {}",
+            done.last_revision
+        ))))
+        }
+        Some(done) => done,
+        None => {
+            let done = Replayed::from_snapshot(snapshot_name, served, finish);
+            api::apply_through_api(store, &client, &mut leases, segments, target, done).await?
+        }
     };
-    let mut done = Replayed {
-        file: match finish {
-            Finish::SnapshotTo(out) => out.to_path_buf(),
-            Finish::HashAt { .. } => PathBuf::new(),
-        },
-        snapshot: snapshot_name.to_string(),
-        snapshot_revision,
-        segments: Vec::new(),
-        revisions: 0,
-        last_revision: snapshot_revision,
-        last_time_unix_ms: None,
-        stopped: None,
-        applying: Duration::ZERO,
-        resent: 0,
-        overtaken: 0,
-    };
-    let started = tokio::time::Instant::now();
-    let mut reached = false;
-    for m in segments {
-        if m.last_revision <= applier.current {
-            continue;
-        }
-        let segment = match stored::get(store, m).await {
-            Ok(s) => s,
-            Err(stored::SegmentError::Store(e)) => return Err(e.into()),
-            Err(e) => {
-                done.stopped = Some(EarlyStop::BadSegment {
-                    name: m.name.clone(),
-                    error: e.to_string(),
-                });
-                break;
-            }
-        };
-        let before = done.revisions;
-        let flow = applier.apply(&segment, target, &mut done).await?;
-        if done.revisions > before {
-            done.segments.push(m.name.clone());
-        }
-        match flow {
-            Flow::Continue => {}
-            Flow::Reached => {
-                reached = true;
-                break;
-            }
-            Flow::Stop(why) => {
-                done.stopped = Some(why);
-                break;
-            }
-        }
-    }
-    done.applying = started.elapsed();
-    if let (Target::Revision(n), None, false) = (target, &done.stopped, reached) {
-        if applier.current < n {
-            done.stopped = Some(EarlyStop::ArchiveEnds {
-                last: applier.current,
-                target: n,
-            });
-        }
-    }
-    drop(applier);
-    match finish {
+    let outcome = match finish {
         Finish::SnapshotTo(out) => {
             snapshot_to(&client, out).await?;
-            Ok((done, None))
+            (done, None)
         }
         Finish::HashAt { revision, compact } if done.last_revision >= revision => {
             let hash = hash_at(&client, revision, compact).await;
-            Ok((done, Some(hash)))
+            (done, Some(hash))
         }
-        Finish::HashAt { .. } => Ok((done, None)),
-    }
+        Finish::HashAt { .. } => (done, None),
+    };
+    drop(leases);
+    Ok(Ok(outcome))
 }
 
 /// The scratch etcd's `HashKV` at `revision`, compacted first to `compact` when that is
@@ -455,129 +512,6 @@ async fn hash_at(client: &Client, revision: i64, compact: Option<i64>) -> Result
             ask().await
         }
         _ => Ok(first),
-    }
-}
-
-/// Transactions in flight at once ([`Pipeline`]).
-const WINDOW: usize = 32;
-
-/// Where one segment's replay left off.
-enum Flow {
-    Continue,
-    Reached,
-    Stop(EarlyStop),
-}
-
-struct Applier {
-    kv: etcd_client::KvClient,
-    leases: Leases,
-    /// The scratch etcd's revision, as its last answer said.
-    current: i64,
-    /// A key the revision `current` left written at `current` (its successor's guard).
-    guard: Option<Vec<u8>>,
-}
-
-impl Applier {
-    /// Applies `segment`'s revisions above `current`, up to `target`.
-    async fn apply(
-        &mut self,
-        segment: &Segment,
-        target: Target,
-        done: &mut Replayed,
-    ) -> Result<Flow, ReplayError> {
-        use futures_util::stream::{FuturesUnordered, StreamExt};
-        let mut todo: Vec<&Revision> = Vec::new();
-        let mut flow = Flow::Continue;
-        for rev in &segment.revisions {
-            match step(
-                todo.last().map_or(self.current, |r| r.revision),
-                rev,
-                target,
-            ) {
-                Step::Skip => {}
-                Step::Apply => todo.push(rev),
-                Step::Done => {
-                    flow = Flow::Reached;
-                    break;
-                }
-                Step::Stop(why) => {
-                    flow = Flow::Stop(why);
-                    break;
-                }
-            }
-        }
-        let pred = |pos: usize| match pos.checked_sub(1) {
-            Some(p) => applied_key(todo[p]),
-            None => self.guard.as_deref(),
-        };
-        let proofs = (0..todo.len()).map(|pos| guards(pred(pos), todo[pos]).1);
-        let mut pipeline = Pipeline::new(self.current + 1, proofs.collect(), WINDOW);
-        let mut inflight = FuturesUnordered::new();
-        // Leases are granted before the first transaction naming them is sent.
-        let mut granted = 0;
-        let mut mismatch = None;
-        while !pipeline.finished() {
-            while let Some(send) = pipeline.send() {
-                let rev = todo[send.pos];
-                if send.pos >= granted {
-                    for (id, ttl) in leases_to_grant(rev, &segment.leases, &self.leases.known) {
-                        self.leases.grant(id, ttl, rev.revision).await?;
-                    }
-                    granted = send.pos + 1;
-                }
-                let (compares, _) = guards(pred(send.pos), rev);
-                let txn = Txn::new().when(compares).and_then(txn_ops(rev));
-                let mut kv = self.kv.clone();
-                inflight.push(async move {
-                    (send, tokio::time::timeout(CALL_TIMEOUT, kv.txn(txn)).await)
-                });
-            }
-            let Some((send, answer)) = inflight.next().await else {
-                return Err(ReplayError::Apply {
-                    revision: pipeline.revision(pipeline.applied()),
-                    detail: "nothing in flight and nothing to send: the replay cannot go on".into(),
-                });
-            };
-            let failed = |detail: String| ReplayError::Apply {
-                revision: todo[send.pos].revision,
-                detail,
-            };
-            let answer = answer
-                .map_err(|_| failed(format!("no answer within {CALL_TIMEOUT:?}")))?
-                .map_err(|e| failed(e.to_string()))?;
-            let served = answer.header().map(|h| h.revision()).unwrap_or(0);
-            let answer = match answer.succeeded() {
-                true => Answer::Applied { served },
-                false => Answer::Failed { served },
-            };
-            if let Err(m) = pipeline.answered(send, answer) {
-                mismatch = Some((m, matches!(answer, Answer::Applied { .. })));
-                break;
-            }
-        }
-        // Every answer is read before the replay goes on or stops: nothing is left in flight.
-        while inflight.next().await.is_some() {}
-        done.resent += pipeline.resent;
-        done.overtaken += pipeline.overtaken;
-        if let Some(last) = pipeline.applied().checked_sub(1).map(|p| todo[p]) {
-            self.current = last.revision;
-            self.guard = applied_key(last).map(<[u8]>::to_vec);
-            done.revisions += u64::try_from(pipeline.applied()).unwrap_or(u64::MAX);
-            done.last_revision = last.revision;
-            done.last_time_unix_ms = Some(last.time_unix_ms);
-        }
-        if let Some((m, applied)) = mismatch {
-            // Whatever a transaction did is in the scratch etcd now, and in its snapshot.
-            if applied && m.served > self.current {
-                self.current = m.served;
-                done.last_revision = m.served;
-            }
-            return Ok(Flow::Stop(EarlyStop::Mismatch {
-                archived: m.archived,
-                served: m.served,
-            }));
-        }
-        Ok(flow)
     }
 }
 

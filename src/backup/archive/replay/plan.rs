@@ -36,6 +36,9 @@ pub enum EarlyStop {
     Mismatch { archived: i64, served: i64 },
     /// The segments end before the target revision.
     ArchiveEnds { last: i64, target: i64 },
+    /// An archived revision cannot be what the revisions before it lead to (it deletes a
+    /// key they do not hold).
+    Unreplayable { revision: i64, why: String },
 }
 
 impl std::fmt::Display for EarlyStop {
@@ -59,6 +62,9 @@ impl std::fmt::Display for EarlyStop {
                 f,
                 "the archive ends at revision {last}, before the target revision {target}"
             ),
+            EarlyStop::Unreplayable { why, .. } => {
+                write!(f, "{why}: the replay ends before it")
+            }
         }
     }
 }
