@@ -153,6 +153,11 @@ async fn every_volume_lost_comes_back_with_every_archived_write_at_its_revision(
             "pod {o} says what it replayed and restored:\n{}",
             set.dump()
         );
+        assert!(
+            logs.contains(r#""method":"file""#),
+            "pod {o} wrote the replay into the snapshot's file, not through etcd's API:\n{}",
+            set.dump()
+        );
     }
     set.shutdown().await;
 }

@@ -82,6 +82,16 @@ pub enum Method {
     Api,
 }
 
+impl Method {
+    /// As the log says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::File => "file",
+            Method::Api => "api",
+        }
+    }
+}
+
 /// A completed replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replayed {
@@ -392,7 +402,7 @@ pub async fn fold(
     tracing::warn!(snapshot = %r.snapshot, snapshot_revision = r.snapshot_revision,
         segments = r.segments.len(), revisions_replayed = r.revisions,
         last_revision = r.last_revision, last_time = %last_time,
-        replay_seconds = r.applying.as_secs_f64(), method = ?r.method,
+        replay_seconds = r.applying.as_secs_f64(), method = r.method.name(),
         "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
     if let Some(why) = &r.stopped {
         tracing::warn!(snapshot = %r.snapshot, last_revision = r.last_revision, reason = %why,
