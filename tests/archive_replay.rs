@@ -428,6 +428,56 @@ async fn a_replay_written_into_the_snapshots_file_is_what_etcd_itself_made_of_th
 }
 
 #[tokio::test]
+async fn a_replay_onto_the_snapshot_of_a_member_never_written_goes_into_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let live = Etcd::start("empty", &dir.path().join("empty"), free_port()).await;
+    let (m, file) = snapshot_of(&live, &store, dir.path()).await;
+    drop(live);
+    // etcd's first revision is 1 with no key written: the archive continues at 2.
+    assert_eq!(m.revision, 1);
+    let revs: Vec<Revision> = (2..=401)
+        .map(|r| Revision {
+            revision: r,
+            time_unix_ms: time_of(r),
+            ops: vec![Op::Put {
+                key: format!("/k/{:03}", r % 100).into_bytes(),
+                value: vec![b'v'; 300],
+                lease: 0,
+            }],
+        })
+        .collect();
+    let segments = archive::put_segments(&store, 0xc1, &revs, &Default::default(), 150).await;
+    let out = dir.path().join("folded.db");
+    let r = replay::replay(
+        &store,
+        &file,
+        &m.name,
+        &segments,
+        Target::End,
+        &setup(dir.path()),
+        &out,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (r.method, r.last_revision, r.revisions),
+        (Method::File, 401, 400),
+        "{r:?}"
+    );
+    let restored = started_from(&out, dir.path(), "restored").await;
+    let got = keyspace(&mut restored.client().await, None).await;
+    assert_eq!(got.len(), 100);
+    // "/k/001" was written at 101, 201, 301 and 401: created at 101, version 4.
+    assert_eq!(
+        (got[1].2, got[1].3, got[1].4),
+        (101, 401, 4),
+        "{:?}",
+        got[1]
+    );
+}
+
+#[tokio::test]
 async fn a_replay_to_a_revision_or_to_a_time_stops_at_the_last_revision_not_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = store(dir.path());

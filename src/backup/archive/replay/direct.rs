@@ -223,10 +223,10 @@ pub fn entries(
 
 /// The revision etcd serves from a file whose `key` bucket ends at `last_key` and whose
 /// finished compaction is `compacted`: the higher of the two (a compaction can leave no
-/// key at its own revision).
+/// key at its own revision), and 1 for a store never written.
 pub fn revision_of(last_key: Option<&[u8]>, compacted: Option<&[u8]>) -> i64 {
     let main = |k: Option<&[u8]>| k.and_then(main_of).map_or(0, |(m, _)| m);
-    main(last_key).max(main(compacted))
+    main(last_key).max(main(compacted)).max(1)
 }
 
 /// The revision the restored file at `db` holds.
@@ -635,6 +635,6 @@ mod tests {
         let c = revision_key(45, 0, false);
         assert_eq!(revision_of(Some(&k), None), 40);
         assert_eq!(revision_of(Some(&k), Some(&c)), 45);
-        assert_eq!(revision_of(None, None), 0);
+        assert_eq!(revision_of(None, None), 1, "etcd's first revision");
     }
 }
