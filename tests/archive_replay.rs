@@ -618,6 +618,94 @@ async fn replay_speed_with_1_kib_values() {
     );
 }
 
+/// Issue 26's restore of "a 1 GiB snapshot plus one hour of 100 writes/s": a member
+/// loaded with `REPLAY_LARGE_MIB` MiB (default 1024) of 1 KiB values, its snapshot, then
+/// `REPLAY_LARGE_REVISIONS` (default 360,000) archived revisions, each one put of a 1 KiB
+/// value over one of the loaded keys; the replay onto the snapshot, timed, by
+/// `REPLAY_SPEED_METHOD` (`file`, the default, or `api`). What a restore adds to the
+/// snapshot-only restore is this replay (each pod runs it before its restore).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn replay_of_a_large_snapshot_and_an_hour_of_writes() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let mib = env("REPLAY_LARGE_MIB", 1024);
+    let revisions = env("REPLAY_LARGE_REVISIONS", 360_000) as i64;
+    let keys = mib * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let live = Etcd::start_with(
+        "large",
+        &dir.path().join("large"),
+        free_port(),
+        &["--quota-backend-bytes=8589934592", "--unsafe-no-fsync"],
+    )
+    .await;
+    let mut c = live.client().await;
+    let loading = std::time::Instant::now();
+    for chunk in 0..keys.div_ceil(128) {
+        let ops: Vec<TxnOp> = (chunk * 128..((chunk + 1) * 128).min(keys))
+            .map(|i| TxnOp::put(format!("/load/{i:08}"), vec![b'l'; 1024], None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    println!("loaded {keys} keys of 1 KiB in {:.1?}", loading.elapsed());
+    let (m, file) = snapshot_of(&live, &store, dir.path()).await;
+    drop(live);
+    let size = std::fs::metadata(&file).unwrap().len();
+    let base = m.revision;
+    let revs: Vec<Revision> = (1..=revisions)
+        .map(|i| Revision {
+            revision: base + i,
+            time_unix_ms: time_of(base + i),
+            ops: vec![Op::Put {
+                key: format!("/load/{:08}", (i as u64 * 7919) % keys).into_bytes(),
+                value: vec![b'w'; 1024],
+                lease: 0,
+            }],
+        })
+        .collect();
+    let segments = archive::put_segments(&store, 0xc1, &revs, &Default::default(), 4000).await;
+    drop(revs);
+    let method = match std::env::var("REPLAY_SPEED_METHOD").as_deref() {
+        Ok("api") => Method::Api,
+        _ => Method::File,
+    };
+    let setup = ReplaySetup {
+        method,
+        start_timeout: Duration::from_secs(300),
+        ..setup(dir.path())
+    };
+    let out = dir.path().join("folded.db");
+    println!("load average before: {}", load_average());
+    let started = std::time::Instant::now();
+    let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
+        .await
+        .unwrap();
+    let total = started.elapsed();
+    assert_eq!(
+        (r.method, r.last_revision, r.stopped.clone()),
+        (method, base + revisions, None)
+    );
+    println!(
+        "large replay ({:?}): snapshot {} MiB at revision {base}, {} revisions in {} segments: applying {:.2?} ({:.0} revisions/s), whole replay {:.2?} (restore into scratch, apply, start, snapshot: {:.0} revisions/s); out {} MiB; load average after: {}",
+        r.method,
+        size >> 20,
+        r.revisions,
+        r.segments.len(),
+        r.applying,
+        r.revisions as f64 / r.applying.as_secs_f64(),
+        total,
+        r.revisions as f64 / total.as_secs_f64(),
+        std::fs::metadata(&out).unwrap().len() >> 20,
+        load_average(),
+    );
+}
+
 // ---- the archive drill ---------------------------------------------------------------------
 
 fn drill_setup(dir: &Path) -> DrillSetup {

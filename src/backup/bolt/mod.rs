@@ -128,6 +128,10 @@ impl Db {
         Ok(b)
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn page_size(&self) -> usize {
         self.meta.page_size as usize
     }

@@ -344,8 +344,16 @@ async fn gather(
     Ok(g)
 }
 
+/// Entries of the file's `key` bucket: before the replay, and appended by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub before: u64,
+    pub added: u64,
+}
+
 /// What the second pass wrote.
 struct Written {
+    appended: Option<Appended>,
     segments: Vec<String>,
     revisions: u64,
     last_revision: i64,
@@ -362,7 +370,9 @@ fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Writte
     let mut state: HashMap<Vec<u8>, Option<Live>> =
         g.keys.iter().map(|k| (k.clone(), None)).collect();
     let mut bad = None;
+    let mut before = 0u64;
     db.for_each(&keys_root, &mut |_, k, v| {
+        before += 1;
         let Some((_, tombstone)) = main_of(k) else {
             bad = Some(format!("a key bucket entry {k:?} is not a revision"));
             return Ok(());
@@ -390,6 +400,7 @@ fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Writte
         .map(i64::from_be_bytes)
         .collect();
     let mut w = Written {
+        appended: None,
         segments: Vec::new(),
         revisions: 0,
         last_revision: current,
@@ -397,6 +408,7 @@ fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Writte
         stopped: g.stopped.clone(),
     };
     let mut granted: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut added = 0u64;
     let mut append = db.append()?;
     let key_root = append.extend(&keys_root, &mut |append, leaves| {
         for (m, file) in &g.files {
@@ -434,6 +446,7 @@ fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Writte
                 }
                 for e in new {
                     append.push(leaves, e)?;
+                    added += 1;
                 }
                 w.revisions += 1;
                 w.last_revision = rev.revision;
@@ -466,12 +479,14 @@ fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Writte
     let root = crate::backup::bolt::root_entries_with(append.db(), &replaced)?;
     let root = append.rebuild(root)?;
     append.commit(root)?;
+    w.appended = Some(Appended { before, added });
     Ok(w)
 }
 
 /// Replays the gathered segments into the restored file `db` (at revision `current`, as
-/// [`file_revision`] says), keeping the fetched segments under `dir`. `Ok(Err(_))`: the
-/// file cannot take them and is as it was; the replay goes through etcd's API instead.
+/// [`file_revision`] says), keeping the fetched segments under `dir`. Returns the entries
+/// appended (None: nothing to replay, the file untouched). `Ok(Err(_))`: the file cannot
+/// take them and is as it was; the replay goes through etcd's API instead.
 pub(super) async fn replay_into(
     store: &Store,
     db: &Path,
@@ -480,7 +495,7 @@ pub(super) async fn replay_into(
     target: Target,
     dir: &Path,
     done: &mut Replayed,
-) -> Result<Result<(), Unfit>, ReplayError> {
+) -> Result<Result<Option<Appended>, Unfit>, ReplayError> {
     let started = Instant::now();
     let g = gather(store, segments, current, target, dir).await?;
     let path = db.to_path_buf();
@@ -489,6 +504,7 @@ pub(super) async fn replay_into(
             write(&path, &g, current, target)
         } else {
             Ok(Written {
+                appended: None,
                 segments: Vec::new(),
                 revisions: 0,
                 last_revision: current,
@@ -504,15 +520,15 @@ pub(super) async fn replay_into(
         detail: format!("the file writer stopped: {e}"),
     })?;
     let _ = std::fs::remove_dir_all(dir);
-    let w = match written {
+    let mut w = match written {
         Ok(w) => w,
         Err(unfit) => return Ok(Err(unfit)),
     };
-    done.segments = w.segments;
+    done.segments = std::mem::take(&mut w.segments);
     done.revisions = w.revisions;
     done.last_revision = w.last_revision;
     done.last_time_unix_ms = w.last_time_unix_ms;
-    done.stopped = w.stopped;
+    done.stopped = w.stopped.take();
     done.applying = started.elapsed();
     if let (Target::Revision(n), None, false) = (target, &done.stopped, g.reached) {
         if done.last_revision < n {
@@ -522,7 +538,7 @@ pub(super) async fn replay_into(
             });
         }
     }
-    Ok(Ok(()))
+    Ok(Ok(w.appended))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod direct;
 mod leases;
 mod pipeline;
 mod plan;
+mod sealed;
 
 pub use pipeline::{Answer, Mismatch, Pipeline, Proofs, Send};
 pub use plan::{
@@ -243,7 +244,14 @@ async fn replay_then(
         setup,
         finish,
     );
-    if setup.method == Method::File {
+    if let (Method::File, Finish::SnapshotTo(out)) = (setup.method, finish) {
+        let work = &setup.work_dir;
+        match sealed::fold(store, snapshot, snapshot_name, segments, target, work, out).await? {
+            Ok(done) => return Ok((done, None)),
+            Err(unfit) => tracing::warn!(reason = %unfit.0,
+                "the archive replay cannot be written into a copy of the snapshot: replaying it through etcd's API instead"),
+        }
+    } else if setup.method == Method::File {
         match attempt(args, Method::File).await? {
             Ok(done) => return Ok(done),
             Err(unfit) => tracing::warn!(reason = %unfit.0,
