@@ -260,7 +260,9 @@ fn bucket(db: &Db, name: &[u8]) -> Result<Root, Unfit> {
 struct Gathered {
     /// Each segment holding a revision to apply: its manifest and its compressed file.
     files: Vec<(SegmentManifest, PathBuf)>,
-    keys: HashSet<Vec<u8>>,
+    /// Every key the revisions touch, each with its state before them once the file's
+    /// `key` bucket was read (one map: the replay's memory is one copy of these keys).
+    keys: HashMap<Vec<u8>, Option<Live>>,
     stopped: Option<EarlyStop>,
     /// The target was reached (a revision beyond it was seen).
     reached: bool,
@@ -280,7 +282,7 @@ async fn gather(
     std::fs::create_dir_all(dir).map_err(io("create", dir))?;
     let mut g = Gathered {
         files: Vec::new(),
-        keys: HashSet::new(),
+        keys: HashMap::new(),
         stopped: None,
         reached: false,
         last: current,
@@ -325,8 +327,8 @@ async fn gather(
             g.last = rev.revision;
             for op in &rev.ops {
                 let (Op::Put { key, .. } | Op::Delete { key }) = op;
-                if !g.keys.contains(key) {
-                    g.keys.insert(key.clone());
+                if !g.keys.contains_key(key) {
+                    g.keys.insert(key.clone(), None);
                 }
             }
         }
@@ -363,12 +365,11 @@ struct Written {
 
 /// The second pass, blocking: learns the gathered keys' state from the file, then appends
 /// every gathered revision (from `current` on, up to `target`) and the leases they name.
-fn write(db: &Path, g: &Gathered, current: i64, target: Target) -> Result<Written, Unfit> {
+fn write(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<Written, Unfit> {
     let mut db = Db::open(db)?;
     let keys_root = bucket(&db, KEY_BUCKET)?;
     let lease_root = bucket(&db, LEASE_BUCKET)?;
-    let mut state: HashMap<Vec<u8>, Option<Live>> =
-        g.keys.iter().map(|k| (k.clone(), None)).collect();
+    let mut state = std::mem::take(&mut g.keys);
     let mut bad = None;
     let mut before = 0u64;
     db.for_each(&keys_root, &mut |_, k, v| {
@@ -500,8 +501,9 @@ pub(super) async fn replay_into(
     let g = gather(store, segments, current, target, dir).await?;
     let path = db.to_path_buf();
     let (g, written) = tokio::task::spawn_blocking(move || {
+        let mut g = g;
         let w = if g.last > current {
-            write(&path, &g, current, target)
+            write(&path, &mut g, current, target)
         } else {
             Ok(Written {
                 appended: None,
