@@ -10,6 +10,10 @@ use crate::identity::Identity;
 pub enum StartMode {
     /// The data directory holds this member's WAL: etcd ignores `--initial-cluster*`.
     Restart,
+    /// As `Restart`, right after this member was restored: every initial member restored
+    /// the same file, so etcd's check at start (each member hashing the whole database,
+    /// and asking its peers for theirs, before it serves) has nothing to find.
+    Restored,
     /// As `Restart`, forced to a one-member cluster (`--force-new-cluster`): a recovery.
     ForceNewCluster,
     /// A new cluster formed by all initial members with a fresh token.
@@ -108,6 +112,19 @@ pub fn corruption_checks(
     out
 }
 
+/// The corruption checks ([`corruption_checks`]) etcd starts with for `mode`: all of them,
+/// except the check at start for the members of a new cluster, which all start from the
+/// same data (empty, or the same restored file).
+pub fn checks_for(mode: &StartMode, checks: Vec<String>) -> Vec<String> {
+    match mode {
+        StartMode::New { .. } | StartMode::Restored => checks
+            .into_iter()
+            .filter(|c| !c.starts_with("--experimental-initial-corrupt-check="))
+            .collect(),
+        _ => checks,
+    }
+}
+
 /// The full etcd command line (without the binary) for `mode`, then `checks` (see
 /// [`corruption_checks`]), then the user's extras.
 pub fn etcd_argv(
@@ -148,7 +165,7 @@ pub fn etcd_argv(
         argv.push("--peer-client-cert-auth=true".into());
     }
     match mode {
-        StartMode::Restart => {}
+        StartMode::Restart | StartMode::Restored => {}
         StartMode::ForceNewCluster => argv.push("--force-new-cluster".into()),
         StartMode::New {
             initial_cluster,
@@ -359,6 +376,33 @@ mod tests {
                 "--corrupt-check-time=10m",
                 "--feature-gates=CompactHashCheck=true"
             ]
+        );
+    }
+
+    #[test]
+    fn a_new_or_just_restored_member_starts_without_the_check_at_start_and_keeps_the_others() {
+        let all = corruption_checks(v("3.5.30"), &[], &[]);
+        assert!(all
+            .iter()
+            .any(|c| c.starts_with("--experimental-initial-corrupt-check=")));
+        for mode in [
+            StartMode::Restored,
+            StartMode::New {
+                initial_cluster: "etcd-0=http://a:2380".into(),
+                token: "t".into(),
+            },
+        ] {
+            let kept = checks_for(&mode, all.clone());
+            assert_eq!(kept.len(), all.len() - 1, "{mode:?}: {kept:?}");
+            assert!(kept.iter().all(|c| !c.contains("initial-corrupt-check")));
+            assert!(kept
+                .iter()
+                .any(|c| c.starts_with("--experimental-corrupt-check-time=")));
+        }
+        assert_eq!(
+            checks_for(&StartMode::Restart, all.clone()),
+            all,
+            "a restart checks"
         );
     }
 }

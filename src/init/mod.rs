@@ -24,7 +24,7 @@ use crate::facts::EtcdVersion;
 use crate::observe::{Observer, PeerReports};
 use crate::volume;
 use act::{act, ActError, Next, Pause};
-use etcd_args::{corruption_checks, etcd_argv, StartMode};
+use etcd_args::{checks_for, corruption_checks, etcd_argv, StartMode};
 use retry::{Backoff, Retry};
 
 /// What `init` ends with.
@@ -164,7 +164,7 @@ fn exec(init: &InitConfig, mode: &StartMode, release: Option<EtcdVersion>) -> Ou
         .filter_map(|(k, _)| k.into_string().ok())
         .filter(|k| k.starts_with("ETCD_") && !k.starts_with("ETCD_STEWARD_"))
         .collect();
-    let checks = corruption_checks(release, &init.etcd_args, &env);
+    let checks = checks_for(mode, corruption_checks(release, &init.etcd_args, &env));
     if release.is_none() {
         tracing::warn!("etcd's release is unknown: it starts without its corruption checks (--experimental-initial-corrupt-check and the periodic check)");
     }

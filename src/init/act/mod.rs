@@ -190,7 +190,7 @@ pub async fn act<C: Connector>(
                     // A restore etcd's tool cannot do fails the same at every try: the
                     // loop notes it for /ready and status while it waits (retry::policy).
                     let restored = restore(world, name, token).await?;
-                    (StartMode::Restart, Some(restored))
+                    (StartMode::Restored, Some(restored))
                 }
                 None => (
                     StartMode::New {
