@@ -35,14 +35,10 @@ pub(super) async fn apply_through_api(
         if m.last_revision <= applier.current {
             continue;
         }
-        let segment = match stored::get(store, m).await {
+        let segment = match super::usable(m, stored::get(store, m).await)? {
             Ok(s) => s,
-            Err(stored::SegmentError::Store(e)) => return Err(e.into()),
-            Err(e) => {
-                done.stopped = Some(EarlyStop::BadSegment {
-                    name: m.name.clone(),
-                    error: e.to_string(),
-                });
+            Err(stop) => {
+                done.stopped = Some(stop);
                 break;
             }
         };

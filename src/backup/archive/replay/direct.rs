@@ -295,14 +295,10 @@ async fn gather(
             Ok(bytes) => stored::open(m, &bytes).map(|s| (s, bytes)),
             Err(e) => Err(e),
         };
-        let (segment, bytes) = match opened {
+        let (segment, bytes) = match super::usable(m, opened)? {
             Ok(ok) => ok,
-            Err(stored::SegmentError::Store(e)) => return Err(e.into()),
-            Err(e) => {
-                g.stopped = Some(EarlyStop::BadSegment {
-                    name: m.name.clone(),
-                    error: e.to_string(),
-                });
+            Err(stop) => {
+                g.stopped = Some(stop);
                 break;
             }
         };

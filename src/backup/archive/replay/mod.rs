@@ -388,6 +388,22 @@ impl Replayed {
     }
 }
 
+/// A fetched segment, or where the replay stops: one the store could not serve is an error
+/// (try again later); one that fails its checks ends the replay before it.
+fn usable<T>(
+    m: &SegmentManifest,
+    got: Result<T, stored::SegmentError>,
+) -> Result<Result<T, EarlyStop>, ReplayError> {
+    match got {
+        Ok(t) => Ok(Ok(t)),
+        Err(stored::SegmentError::Store(e)) => Err(e.into()),
+        Err(e) => Ok(Err(EarlyStop::BadSegment {
+            name: m.name.clone(),
+            error: e.to_string(),
+        })),
+    }
+}
+
 /// A restore point's file: the segments that continue snapshot `manifest` (the store's
 /// chain from its revision) replayed onto its verified local file `base` up to `target`,
 /// into `out`. Logs the snapshot, the segments and revisions replayed, the last revision
