@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use etcd_steward::backup::archive::drill::ArchiveCheck;
 use etcd_steward::backup::archive::replay::{
-    self, EarlyStop, Method, ReplaySetup, Replayed, Target,
+    self, EarlyStop, History, Method, ReplaySetup, Replayed, Target,
 };
 use etcd_steward::backup::archive::segment::{Op, Revision};
 use etcd_steward::backup::archive::SegmentManifest;
@@ -173,11 +173,18 @@ fn setup(dir: &Path) -> ReplaySetup {
         start_timeout: Duration::from_secs(30),
         auth: None,
         method: Method::default(),
+        history: History::Full,
     }
 }
 
 /// Restores `file` as it is (no revision jump) and starts etcd on it.
 async fn started_from(file: &Path, dir: &Path, name: &str) -> Etcd {
+    started_with(file, dir, name, 0).await
+}
+
+/// Restores `file` as a restore does, its revision moved `jump` forward and every earlier
+/// one marked compacted (0: as it is), and starts etcd on it.
+async fn started_with(file: &Path, dir: &Path, name: &str, jump: u64) -> Etcd {
     let peer = free_port();
     let member = MemberParams {
         name: name.into(),
@@ -186,10 +193,17 @@ async fn started_from(file: &Path, dir: &Path, name: &str) -> Etcd {
         peer_url: format!("http://127.0.0.1:{peer}"),
     };
     let data = dir.join(name);
-    EtcdTool::from_bin(RELEASE.offline_tool())
-        .restore(file, &member, &data)
+    let tool = EtcdTool::from_bin(RELEASE.offline_tool())
+        .check(Duration::from_secs(10))
         .await
         .unwrap();
+    EtcdTool {
+        bump_revision: jump,
+        ..tool
+    }
+    .restore(file, &member, &data)
+    .await
+    .unwrap();
     Etcd::start(name, &data, peer).await
 }
 
@@ -425,6 +439,61 @@ async fn a_replay_written_into_the_snapshots_file_is_what_etcd_itself_made_of_th
             assert!(ttl.ttl() > 0, "the lease is alive after the restore");
         }
     }
+}
+
+/// The file a restore that moves the revision forward uses: of each key the archive
+/// touches, only its last write. Restored as such a restore does (`--bump-revision
+/// --mark-compacted`), it serves the live keyspace key by key (values, creation and
+/// modification revisions, versions, leases) at the jumped revision, exactly as the
+/// whole-history file does, and it is the smaller of the two.
+#[tokio::test]
+async fn a_replay_of_last_writes_restored_with_the_jump_serves_what_the_whole_history_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let (live, m, file, segments, last) = written_large(dir.path(), &store).await;
+    let expected = keyspace(&mut live.client().await, None).await;
+    let mut sizes = Vec::new();
+    for history in [History::Full, History::Latest] {
+        let out = dir.path().join(format!("folded-{history:?}.db"));
+        let setup = ReplaySetup {
+            history,
+            ..setup(dir.path())
+        };
+        let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.method, r.history, r.last_revision, r.stopped.clone()),
+            (Method::File, history, last, None),
+            "{r:?}"
+        );
+        assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
+        sizes.push(std::fs::metadata(&out).unwrap().len());
+        let name = format!("jumped-{history:?}");
+        let restored = started_with(&out, dir.path(), &name, 1000).await;
+        assert_eq!(restored.revision().await, last + 1000, "{history:?}");
+        let mut c = restored.client().await;
+        let got = keyspace(&mut c, None).await;
+        assert_eq!(got.len(), expected.len(), "{history:?}");
+        assert!(
+            got == expected,
+            "{history:?}: the keyspace differs from the live one"
+        );
+        let old = c
+            .get("/old/00001", Some(GetOptions::new().with_revision(last)))
+            .await;
+        assert!(
+            old.as_ref()
+                .is_err_and(|e| e.to_string().contains("compacted")),
+            "{history:?}: revision {last} is compacted after the jump: {old:?}"
+        );
+    }
+    assert!(
+        sizes[1] < sizes[0],
+        "the file of last writes ({} bytes) is smaller than the whole history ({} bytes)",
+        sizes[1],
+        sizes[0]
+    );
 }
 
 #[tokio::test]

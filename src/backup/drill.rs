@@ -158,6 +158,8 @@ impl DrillSetup {
             start_timeout: self.start_timeout,
             auth: self.auth.clone(),
             method: crate::backup::archive::replay::Method::default(),
+            // Its hash covers every revision since the snapshot's.
+            history: crate::backup::archive::replay::History::Full,
         }
     }
 }

@@ -346,6 +346,7 @@ mod tests {
             resent: 0,
             overtaken: 0,
             method: crate::backup::archive::replay::Method::File,
+            history: crate::backup::archive::replay::History::Full,
         }
     }
 

@@ -12,6 +12,8 @@
 //! next meta page (the older of the two) pointing at the new root bucket, with its freelist
 //! marked as not written (bbolt, and etcd, find the free pages by walking the file when
 //! they open it). A crash before the meta is written leaves the file as it was.
+//! [`Db::create`] starts a new file the same way: its trees streamed in by
+//! [`Append::build`], then committed.
 
 pub mod page;
 
@@ -256,6 +258,39 @@ impl Db {
             .map(|(_, k, _)| k.to_vec()))
     }
 
+    /// A new database file at `path` (which must not exist) with `like`'s page size, flags
+    /// and root sequence, holding nothing yet: its first meta points at an empty root leaf.
+    /// Filled through [`Db::append`]; [`Append::commit`] writes the second meta.
+    pub fn create(path: &Path, like: &Meta) -> Result<Db, BoltError> {
+        let failed = |source| BoltError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(failed)?;
+        let meta = Meta {
+            root: 2,
+            freelist: NO_FREELIST,
+            pgid: 3,
+            txid: 0,
+            ..*like
+        };
+        let ps = meta.page_size as usize;
+        let mut b = meta.page(0);
+        b.resize(2 * ps, 0);
+        b.extend_from_slice(&page::leaf_page(2, &[], ps));
+        file.write_all_at(&b, 0).map_err(failed)?;
+        Ok(Db {
+            path: path.to_path_buf(),
+            file,
+            meta,
+        })
+    }
+
     /// Starts writing new pages after the high-water mark.
     pub fn append(&mut self) -> Result<Append<'_>, BoltError> {
         let at = self.meta.pgid * self.page_size() as u64;
@@ -416,11 +451,23 @@ impl<'a> Append<'a> {
     }
 
     /// A new tree holding exactly `entries` (sorted, distinct keys). Returns its root.
-    pub fn rebuild(&mut self, entries: Vec<LeafEntry>) -> Result<u64, BoltError> {
+    pub fn rebuild(&mut self, mut entries: Vec<LeafEntry>) -> Result<u64, BoltError> {
+        self.build(&mut |append, leaves| {
+            for e in entries.drain(..) {
+                append.push(leaves, e)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A new tree holding what `fill` pushes (in increasing key order), streamed: only
+    /// each leaf's first key is kept until the branches are written. Returns its root.
+    pub fn build(
+        &mut self,
+        fill: &mut dyn FnMut(&mut Self, &mut Leaves) -> Result<(), BoltError>,
+    ) -> Result<u64, BoltError> {
         let mut leaves = self.leaves();
-        for e in entries {
-            self.push(&mut leaves, e)?;
-        }
+        fill(self, &mut leaves)?;
         self.flush(&mut leaves)?;
         self.root_over(leaves.written)
     }

@@ -177,6 +177,14 @@ pub(super) async fn point_file<C>(
         start_timeout: Duration::from_secs(60),
         auth: world.cfg.etcd.auth.clone(),
         method: replay::Method::default(),
+        // The restore marks every earlier revision compacted: the file needs only each
+        // key's last write (etcd would delete the rest when it starts).
+        history: match backup.tool.jump() {
+            crate::backup::tool::Jump::By(_) => replay::History::Latest,
+            crate::backup::tool::Jump::Off | crate::backup::tool::Jump::Unsupported => {
+                replay::History::Full
+            }
+        },
     };
     replay::fold(store, manifest, &base, target, &setup, &out).await?;
     let _ = std::fs::remove_file(&base);

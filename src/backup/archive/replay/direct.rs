@@ -1,23 +1,27 @@
-//! The replay written straight into the restored snapshot's database file, before the
-//! throw-away etcd starts on it: each archived revision becomes the entries etcd itself
-//! would have written for it (etcd's `key` bucket: revision `main_sub` → the key's
-//! `KeyValue`, a delete as a tombstone), appended after the snapshot's, and each lease a
-//! put names that the file does not hold is added to its `lease` bucket with its archived
-//! TTL. No page in use is written over ([`crate::backup::bolt`]); the throw-away etcd then
-//! rebuilds its index from the file and must serve exactly the last replayed revision.
+//! The replay written straight into a snapshot's database file: each archived revision
+//! becomes the entries etcd itself would have written for it (etcd's `key` bucket:
+//! revision `main_sub` → the key's `KeyValue`, a delete as a tombstone), appended after the
+//! snapshot's (`Output::Append`) or, for a restore that marks earlier revisions
+//! compacted, only each key's last write into a new file (`Output::Latest`,
+//! `super::latest`); each lease a put names that the file does not hold is added to its
+//! `lease` bucket with its archived TTL. No page in use is written over
+//! ([`crate::backup::bolt`]).
 //!
 //! Two passes over the segments: the first fetches and checks each one (kept on the
-//! scratch disk, compressed) and gathers the keys they touch, so that one walk of the
-//! snapshot's `key` bucket learns each of those keys' creation revision and version; the
-//! second writes.
+//! scratch disk, compressed) and gathers the keys they touch and where each is last
+//! written, so that one walk of the snapshot's `key` bucket learns each of those keys'
+//! creation revision and version (`learn`); the second writes (`apply`).
 //!
-//! What each revision becomes ([`entries`]), etcd's encodings ([`revision_key`],
-//! [`key_value`], [`lease_value`]) and the snapshot's revision ([`revision_of`]) are pure.
+//! What each revision becomes ([`entries`]) and the snapshot's revision ([`revision_of`])
+//! are pure; etcd's encodings are in [`super::encode`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::encode::{
+    key_value, lease_value, main_of, read_key_value, revision_key, tombstone_value, Live,
+};
 use super::plan::{leases_to_grant, step, EarlyStop, Step, Target};
 use super::{io, ReplayError, Replayed};
 use crate::backup::archive::segment::{Op, Revision};
@@ -26,8 +30,8 @@ use crate::backup::bolt::page::LeafEntry;
 use crate::backup::bolt::{BoltError, Db, Root};
 use crate::backup::store::Store;
 
-const KEY_BUCKET: &[u8] = b"key";
-const LEASE_BUCKET: &[u8] = b"lease";
+pub(super) const KEY_BUCKET: &[u8] = b"key";
+pub(super) const LEASE_BUCKET: &[u8] = b"lease";
 const META_BUCKET: &[u8] = b"meta";
 const FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
 
@@ -41,150 +45,40 @@ impl From<BoltError> for Unfit {
     }
 }
 
-/// etcd's key for revision `main`, change `sub`; a delete's ends in `t`.
-pub fn revision_key(main: i64, sub: i64, tombstone: bool) -> Vec<u8> {
-    let mut k = Vec::with_capacity(18);
-    k.extend_from_slice(&main.to_be_bytes());
-    k.push(b'_');
-    k.extend_from_slice(&sub.to_be_bytes());
-    if tombstone {
-        k.push(b't');
-    }
-    k
-}
-
-/// The main revision of an etcd revision key, and whether it marks a delete.
-pub fn main_of(k: &[u8]) -> Option<(i64, bool)> {
-    if (k.len() != 17 && k.len() != 18) || k[8] != b'_' {
-        return None;
-    }
-    let mut m = [0u8; 8];
-    m.copy_from_slice(&k[..8]);
-    Some((i64::from_be_bytes(m), k.len() == 18 && k[17] == b't'))
-}
-
-fn varint(out: &mut Vec<u8>, mut x: u64) {
-    while x >= 0x80 {
-        out.push((x as u8) | 0x80);
-        x >>= 7;
-    }
-    out.push(x as u8);
-}
-
-fn field_bytes(out: &mut Vec<u8>, field: u8, b: &[u8]) {
-    if !b.is_empty() {
-        out.push(field << 3 | 2);
-        varint(out, b.len() as u64);
-        out.extend_from_slice(b);
-    }
-}
-
-fn field_int(out: &mut Vec<u8>, field: u8, x: i64) {
-    if x != 0 {
-        out.push(field << 3);
-        varint(out, x as u64);
-    }
-}
-
-/// A key's state: where its current life began and how many times it was written since.
+/// A key the replay touches: its state (`None`: absent or deleted), and the revision and
+/// change of its last write in the replay (what a file of last states keeps of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Live {
-    pub create: i64,
-    pub version: i64,
+pub struct Touched {
+    pub live: Option<Live>,
+    pub last: (i64, i64),
 }
 
-/// etcd's `mvccpb.KeyValue`, encoded as etcd's protobuf encoder does (fields in order,
-/// zero values left out).
-pub fn key_value(key: &[u8], live: Live, modified: i64, value: &[u8], lease: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + value.len() + 40);
-    field_bytes(&mut out, 1, key);
-    field_int(&mut out, 2, live.create);
-    field_int(&mut out, 3, modified);
-    field_int(&mut out, 4, live.version);
-    field_bytes(&mut out, 5, value);
-    field_int(&mut out, 6, lease);
-    out
-}
-
-/// A tombstone's value: a `KeyValue` holding only the key.
-fn tombstone_value(key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 4);
-    field_bytes(&mut out, 1, key);
-    out
-}
-
-/// etcd's `leasepb.Lease` for a granted lease.
-pub fn lease_value(id: i64, ttl: i64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(24);
-    field_int(&mut out, 1, id);
-    field_int(&mut out, 2, ttl);
-    out
-}
-
-fn read_varint(b: &[u8], at: &mut usize) -> Option<u64> {
-    let mut x = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*at)?;
-        *at += 1;
-        x |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Some(x);
-        }
-    }
-    None
-}
-
-/// The key of an encoded `KeyValue`, and its creation revision and version.
-pub fn read_key_value(b: &[u8]) -> Option<(&[u8], Live)> {
-    let (mut at, mut key, mut live) = (
-        0,
-        None,
-        Live {
-            create: 0,
-            version: 0,
-        },
-    );
-    while at < b.len() {
-        let tag = read_varint(b, &mut at)?;
-        match tag & 7 {
-            0 => {
-                let x = read_varint(b, &mut at)? as i64;
-                match tag >> 3 {
-                    2 => live.create = x,
-                    4 => live.version = x,
-                    _ => {}
-                }
-            }
-            2 => {
-                let len = usize::try_from(read_varint(b, &mut at)?).ok()?;
-                let field = b.get(at..at.checked_add(len)?)?;
-                at += len;
-                if tag >> 3 == 1 {
-                    key = Some(field);
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some((key.unwrap_or(&[]), live))
+/// An entry etcd writes for a revision, and whether it is its key's last write in the
+/// replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub leaf: LeafEntry,
+    pub last: bool,
 }
 
 /// The entries etcd writes for archived revision `rev`, in order, given every touched key's
-/// state before it (`None`: absent or deleted), which it updates. A delete of a key that is
-/// not there is refused: etcd would not have made a revision of it.
+/// state before it, which it updates. A delete of a key that is not there is refused: etcd
+/// would not have made a revision of it.
 pub fn entries(
     rev: &Revision,
-    state: &mut HashMap<Vec<u8>, Option<Live>>,
-) -> Result<Vec<LeafEntry>, String> {
+    state: &mut HashMap<Vec<u8>, Touched>,
+) -> Result<Vec<Entry>, String> {
     let mut out = Vec::with_capacity(rev.ops.len());
     for (sub, op) in rev.ops.iter().enumerate() {
         let sub = sub as i64;
-        match op {
+        let (Op::Put { key, .. } | Op::Delete { key }) = op;
+        let slot = state
+            .get_mut(key)
+            .ok_or_else(|| format!("key {:?} was not gathered", String::from_utf8_lossy(key)))?;
+        let last = slot.last == (rev.revision, sub);
+        let leaf = match op {
             Op::Put { key, value, lease } => {
-                let slot = state.get_mut(key).ok_or_else(|| {
-                    format!("key {:?} was not gathered", String::from_utf8_lossy(key))
-                })?;
-                let live = match slot {
+                let live = match slot.live {
                     Some(l) => Live {
                         create: l.create,
                         version: l.version + 1,
@@ -194,29 +88,30 @@ pub fn entries(
                         version: 1,
                     },
                 };
-                *slot = Some(live);
-                out.push(LeafEntry {
+                slot.live = Some(live);
+                LeafEntry {
                     flags: 0,
                     key: revision_key(rev.revision, sub, false),
                     value: key_value(key, live, rev.revision, value, *lease),
-                });
+                }
             }
             Op::Delete { key } => {
-                let slot = state.get_mut(key).filter(|s| s.is_some()).ok_or_else(|| {
-                    format!(
+                if slot.live.is_none() {
+                    return Err(format!(
                         "archived revision {} deletes key {:?}, which the revisions before it do not hold",
                         rev.revision,
                         String::from_utf8_lossy(key)
-                    )
-                })?;
-                *slot = None;
-                out.push(LeafEntry {
+                    ));
+                }
+                slot.live = None;
+                LeafEntry {
                     flags: 0,
                     key: revision_key(rev.revision, sub, true),
                     value: tombstone_value(key),
-                });
+                }
             }
-        }
+        };
+        out.push(Entry { leaf, last });
     }
     Ok(out)
 }
@@ -246,7 +141,7 @@ pub fn file_revision(db: &Path) -> Result<i64, Unfit> {
     ))
 }
 
-fn bucket(db: &Db, name: &[u8]) -> Result<Root, Unfit> {
+pub(super) fn bucket(db: &Db, name: &[u8]) -> Result<Root, Unfit> {
     match db.bucket(name)? {
         Some(b) => Ok(b.root),
         None => Err(Unfit(format!(
@@ -257,12 +152,13 @@ fn bucket(db: &Db, name: &[u8]) -> Result<Root, Unfit> {
 }
 
 /// The segments fetched, checked and kept on the scratch disk, and what they touch.
-struct Gathered {
+pub(super) struct Gathered {
     /// Each segment holding a revision to apply: its manifest and its compressed file.
     files: Vec<(SegmentManifest, PathBuf)>,
-    /// Every key the revisions touch, each with its state before them once the file's
-    /// `key` bucket was read (one map: the replay's memory is one copy of these keys).
-    keys: HashMap<Vec<u8>, Option<Live>>,
+    /// Every key the revisions touch, with its last write among them and, once the file's
+    /// `key` bucket was read, its state before them (one map: the replay's memory is one
+    /// copy of these keys).
+    pub(super) keys: HashMap<Vec<u8>, Touched>,
     stopped: Option<EarlyStop>,
     /// The target was reached (a revision beyond it was seen).
     reached: bool,
@@ -321,10 +217,14 @@ async fn gather(
             }
             any = true;
             g.last = rev.revision;
-            for op in &rev.ops {
+            for (sub, op) in rev.ops.iter().enumerate() {
                 let (Op::Put { key, .. } | Op::Delete { key }) = op;
-                if !g.keys.contains_key(key) {
-                    g.keys.insert(key.clone(), None);
+                let last = (rev.revision, sub as i64);
+                match g.keys.get_mut(key) {
+                    Some(t) => t.last = last,
+                    None => {
+                        g.keys.insert(key.clone(), Touched { live: None, last });
+                    }
                 }
             }
         }
@@ -342,7 +242,8 @@ async fn gather(
     Ok(g)
 }
 
-/// Entries of the file's `key` bucket: before the replay, and appended by it.
+/// Entries of the written file's `key` bucket: kept from the snapshot, and added by the
+/// replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Appended {
     pub before: u64,
@@ -350,128 +251,213 @@ pub struct Appended {
 }
 
 /// What the second pass wrote.
-struct Written {
-    appended: Option<Appended>,
+pub(super) struct Written {
+    pub(super) appended: Option<Appended>,
     segments: Vec<String>,
     revisions: u64,
     last_revision: i64,
     last_time_unix_ms: Option<u64>,
-    stopped: Option<EarlyStop>,
+    pub(super) stopped: Option<EarlyStop>,
 }
 
-/// The second pass, blocking: learns the gathered keys' state from the file, then appends
-/// every gathered revision (from `current` on, up to `target`) and the leases they name.
-fn write(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<Written, Unfit> {
-    let mut db = Db::open(db)?;
-    let keys_root = bucket(&db, KEY_BUCKET)?;
-    let lease_root = bucket(&db, LEASE_BUCKET)?;
-    let mut state = std::mem::take(&mut g.keys);
-    let mut bad = None;
-    let mut before = 0u64;
-    db.for_each(&keys_root, &mut |_, k, v| {
-        before += 1;
-        let Some((_, tombstone)) = main_of(k) else {
-            bad = Some(format!("a key bucket entry {k:?} is not a revision"));
-            return Ok(());
-        };
-        let Some((key, live)) = read_key_value(v) else {
-            bad = Some(format!("the value at revision key {k:?} does not decode"));
-            return Ok(());
-        };
-        if let Some(slot) = state.get_mut(key) {
-            *slot = (!tombstone).then_some(live);
+impl Written {
+    fn nothing(current: i64, stopped: Option<EarlyStop>) -> Written {
+        Written {
+            appended: None,
+            segments: Vec::new(),
+            revisions: 0,
+            last_revision: current,
+            last_time_unix_ms: None,
+            stopped,
+        }
+    }
+}
+
+/// Where the replay writes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Output<'a> {
+    /// Every revision appended to the file at this path (a copy of the snapshot): the
+    /// whole history, as etcd holds it.
+    Append(&'a Path),
+    /// A new file at `to` holding the entries of snapshot `from` for the keys the replay
+    /// does not touch and, of each key it touches, only its last write: what a restore
+    /// that marks every earlier revision compacted keeps (`super::latest`).
+    Latest { from: &'a Path, to: &'a Path },
+}
+
+/// What `learn` hands each entry of an untouched key to: its revision key and value.
+pub(super) type Keep<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), BoltError> + 'a;
+
+/// Walks the snapshot's `key` bucket at `root`: learns each touched key's state before
+/// the replay, and hands each entry of a key the replay does not touch to `keep`. Returns
+/// the entries walked.
+pub(super) fn learn(
+    db: &Db,
+    root: &Root,
+    state: &mut HashMap<Vec<u8>, Touched>,
+    keep: &mut Keep<'_>,
+) -> Result<u64, BoltError> {
+    let mut walked = 0u64;
+    let bad = |what: String| BoltError::Unexpected {
+        path: db.path().to_path_buf(),
+        what,
+    };
+    db.for_each(root, &mut |_, k, v| {
+        walked += 1;
+        let (_, tombstone) =
+            main_of(k).ok_or_else(|| bad(format!("a key bucket entry {k:?} is not a revision")))?;
+        let (key, live) = read_key_value(v)
+            .ok_or_else(|| bad(format!("the value at revision key {k:?} does not decode")))?;
+        match state.get_mut(key) {
+            Some(slot) => slot.live = (!tombstone).then_some(live),
+            None => keep(k, v)?,
         }
         Ok(())
     })?;
-    if let Some(why) = bad {
-        return Err(Unfit(why));
+    Ok(walked)
+}
+
+/// The file's `lease` bucket, and the leases the replay grants.
+pub(super) struct LeaseBucket {
+    existing: BTreeMap<Vec<u8>, Vec<u8>>,
+    known: HashSet<i64>,
+    granted: BTreeMap<i64, i64>,
+}
+
+impl LeaseBucket {
+    pub(super) fn read(db: &Db) -> Result<LeaseBucket, Unfit> {
+        let mut existing: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        db.for_each(&bucket(db, LEASE_BUCKET)?, &mut |_, k, v| {
+            existing.insert(k.to_vec(), v.to_vec());
+            Ok(())
+        })?;
+        let known = existing
+            .keys()
+            .filter_map(|k| <[u8; 8]>::try_from(k.as_slice()).ok())
+            .map(i64::from_be_bytes)
+            .collect();
+        Ok(LeaseBucket {
+            existing,
+            known,
+            granted: BTreeMap::new(),
+        })
     }
-    let mut existing: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    db.for_each(&lease_root, &mut |_, k, v| {
-        existing.insert(k.to_vec(), v.to_vec());
-        Ok(())
-    })?;
-    let mut known: HashSet<i64> = existing
-        .keys()
-        .filter_map(|k| <[u8; 8]>::try_from(k.as_slice()).ok())
-        .map(i64::from_be_bytes)
-        .collect();
-    let mut w = Written {
-        appended: None,
-        segments: Vec::new(),
-        revisions: 0,
-        last_revision: current,
-        last_time_unix_ms: None,
-        stopped: g.stopped.clone(),
-    };
-    let mut granted: BTreeMap<i64, i64> = BTreeMap::new();
+
+    /// The bucket's entries, the granted leases added; None when the replay granted none
+    /// and the bucket stays as it was.
+    pub(super) fn changed(self) -> Option<Vec<LeafEntry>> {
+        self.entries(false)
+    }
+
+    /// The bucket's entries, the granted leases added.
+    pub(super) fn all(self) -> Vec<LeafEntry> {
+        self.entries(true).unwrap_or_default()
+    }
+
+    fn entries(mut self, always: bool) -> Option<Vec<LeafEntry>> {
+        if self.granted.is_empty() && !always {
+            return None;
+        }
+        for (id, ttl) in &self.granted {
+            self.existing
+                .insert(id.to_be_bytes().to_vec(), lease_value(*id, *ttl));
+        }
+        Some(
+            self.existing
+                .into_iter()
+                .map(|(key, value)| LeafEntry {
+                    flags: 0,
+                    key,
+                    value,
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The second pass's walk: every gathered revision from `current` on (up to `target`) in
+/// order, each entry it becomes handed to `emit`, each lease it names that the file does
+/// not hold granted in `leases`.
+pub(super) fn apply(
+    g: &Gathered,
+    state: &mut HashMap<Vec<u8>, Touched>,
+    current: i64,
+    target: Target,
+    leases: &mut LeaseBucket,
+    emit: &mut dyn FnMut(Entry) -> Result<(), BoltError>,
+) -> Result<Written, BoltError> {
+    let mut w = Written::nothing(current, g.stopped.clone());
+    for (m, file) in &g.files {
+        let bytes = std::fs::read(file).map_err(|source| BoltError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        let segment = stored::open(m, &bytes).map_err(|e| BoltError::Unexpected {
+            path: file.clone(),
+            what: e.to_string(),
+        })?;
+        let before = w.revisions;
+        for rev in &segment.revisions {
+            match step(w.last_revision, rev, target) {
+                Step::Skip => continue,
+                Step::Apply => {}
+                Step::Done | Step::Stop(_) => break,
+            }
+            if rev.revision > g.last {
+                break;
+            }
+            let new = match entries(rev, state) {
+                Ok(e) => e,
+                Err(why) => {
+                    w.stopped = Some(EarlyStop::Unreplayable {
+                        revision: rev.revision,
+                        why,
+                    });
+                    break;
+                }
+            };
+            for (id, ttl) in leases_to_grant(rev, &segment.leases, &leases.known) {
+                leases.known.insert(id);
+                leases.granted.insert(id, ttl);
+            }
+            for e in new {
+                emit(e)?;
+            }
+            w.revisions += 1;
+            w.last_revision = rev.revision;
+            w.last_time_unix_ms = Some(rev.time_unix_ms);
+        }
+        if w.revisions > before {
+            w.segments.push(m.name.clone());
+        }
+        if matches!(w.stopped, Some(EarlyStop::Unreplayable { .. })) {
+            break;
+        }
+    }
+    Ok(w)
+}
+
+/// The second pass into a copy of the snapshot, blocking: learns the gathered keys' state
+/// from the file, then appends every gathered revision and the leases they name.
+fn append(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<Written, Unfit> {
+    let mut db = Db::open(db)?;
+    let keys_root = bucket(&db, KEY_BUCKET)?;
+    let mut state = std::mem::take(&mut g.keys);
+    let before = learn(&db, &keys_root, &mut state, &mut |_, _| Ok(()))?;
+    let mut leases = LeaseBucket::read(&db)?;
+    let mut w = Written::nothing(current, None);
     let mut added = 0u64;
     let mut append = db.append()?;
     let key_root = append.extend(&keys_root, &mut |append, leaves| {
-        for (m, file) in &g.files {
-            let bytes = std::fs::read(file).map_err(|source| BoltError::Io {
-                path: file.clone(),
-                source,
-            })?;
-            let segment = stored::open(m, &bytes).map_err(|e| BoltError::Unexpected {
-                path: file.clone(),
-                what: e.to_string(),
-            })?;
-            let before = w.revisions;
-            for rev in &segment.revisions {
-                match step(w.last_revision, rev, target) {
-                    Step::Skip => continue,
-                    Step::Apply => {}
-                    Step::Done | Step::Stop(_) => break,
-                }
-                if rev.revision > g.last {
-                    break;
-                }
-                let new = match entries(rev, &mut state) {
-                    Ok(e) => e,
-                    Err(why) => {
-                        w.stopped = Some(EarlyStop::Unreplayable {
-                            revision: rev.revision,
-                            why,
-                        });
-                        break;
-                    }
-                };
-                for (id, ttl) in leases_to_grant(rev, &segment.leases, &known) {
-                    known.insert(id);
-                    granted.insert(id, ttl);
-                }
-                for e in new {
-                    append.push(leaves, e)?;
-                    added += 1;
-                }
-                w.revisions += 1;
-                w.last_revision = rev.revision;
-                w.last_time_unix_ms = Some(rev.time_unix_ms);
-            }
-            if w.revisions > before {
-                w.segments.push(m.name.clone());
-            }
-            if matches!(w.stopped, Some(EarlyStop::Unreplayable { .. })) {
-                break;
-            }
-        }
+        w = apply(g, &mut state, current, target, &mut leases, &mut |e| {
+            added += 1;
+            append.push(leaves, e.leaf)
+        })?;
         Ok(())
     })?;
     let mut replaced: Vec<(&[u8], u64)> = vec![(KEY_BUCKET, key_root)];
-    if !granted.is_empty() {
-        for (id, ttl) in &granted {
-            existing.insert(id.to_be_bytes().to_vec(), lease_value(*id, *ttl));
-        }
-        let leases = existing
-            .into_iter()
-            .map(|(key, value)| LeafEntry {
-                flags: 0,
-                key,
-                value,
-            })
-            .collect();
-        replaced.push((LEASE_BUCKET, append.rebuild(leases)?));
+    if let Some(entries) = leases.changed() {
+        replaced.push((LEASE_BUCKET, append.rebuild(entries)?));
     }
     let root = crate::backup::bolt::root_entries_with(append.db(), &replaced)?;
     let root = append.rebuild(root)?;
@@ -480,13 +466,14 @@ fn write(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<Wr
     Ok(w)
 }
 
-/// Replays the gathered segments into the restored file `db` (at revision `current`, as
+/// Replays the gathered segments into `output` (the snapshot at revision `current`, as
 /// [`file_revision`] says), keeping the fetched segments under `dir`. Returns the entries
-/// appended (None: nothing to replay, the file untouched). `Ok(Err(_))`: the file cannot
-/// take them and is as it was; the replay goes through etcd's API instead.
+/// of the written file's `key` bucket (None: nothing to replay, nothing written).
+/// `Ok(Err(_))`: the file cannot take them and is as it was; the replay goes another way.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn replay_into(
     store: &Store,
-    db: &Path,
+    output: Output<'_>,
     current: i64,
     segments: &[SegmentManifest],
     target: Target,
@@ -495,20 +482,16 @@ pub(super) async fn replay_into(
 ) -> Result<Result<Option<Appended>, Unfit>, ReplayError> {
     let started = Instant::now();
     let g = gather(store, segments, current, target, dir).await?;
-    let path = db.to_path_buf();
+    let (db, fresh) = match output {
+        Output::Append(db) => (db.to_path_buf(), None),
+        Output::Latest { from, to } => (from.to_path_buf(), Some(to.to_path_buf())),
+    };
     let (g, written) = tokio::task::spawn_blocking(move || {
         let mut g = g;
-        let w = if g.last > current {
-            write(&path, &mut g, current, target)
-        } else {
-            Ok(Written {
-                appended: None,
-                segments: Vec::new(),
-                revisions: 0,
-                last_revision: current,
-                last_time_unix_ms: None,
-                stopped: g.stopped.clone(),
-            })
+        let w = match (g.last > current, fresh) {
+            (false, _) => Ok(Written::nothing(current, g.stopped.clone())),
+            (true, None) => append(&db, &mut g, current, target),
+            (true, Some(to)) => super::latest::write(&db, &to, &mut g, current, target),
         };
         (g, w)
     })
@@ -564,25 +547,27 @@ mod tests {
         }
     }
 
+    fn touched(live: Option<Live>, last: (i64, i64)) -> Touched {
+        Touched { live, last }
+    }
+
     #[test]
     fn a_revision_becomes_the_entries_etcd_writes_versions_counted_and_lives_restarted() {
-        let mut state: HashMap<Vec<u8>, Option<Live>> = HashMap::new();
-        state.insert(
-            b"a".to_vec(),
-            Some(Live {
-                create: 3,
-                version: 2,
-            }),
-        );
-        state.insert(b"b".to_vec(), None);
+        let mut state: HashMap<Vec<u8>, Touched> = HashMap::new();
+        let a = Live {
+            create: 3,
+            version: 2,
+        };
+        state.insert(b"a".to_vec(), touched(Some(a), (12, 0)));
+        state.insert(b"b".to_vec(), touched(None, (10, 1)));
         let e = entries(
             &rev(10, vec![put("a", "x", 0), put("b", "y", 7)]),
             &mut state,
         )
         .unwrap();
-        assert_eq!(e[0].key, revision_key(10, 0, false));
+        assert_eq!(e[0].leaf.key, revision_key(10, 0, false));
         assert_eq!(
-            read_key_value(&e[0].value).unwrap(),
+            read_key_value(&e[0].leaf.value).unwrap(),
             (
                 &b"a"[..],
                 Live {
@@ -591,9 +576,9 @@ mod tests {
                 }
             )
         );
-        assert_eq!(e[1].key, revision_key(10, 1, false));
+        assert_eq!(e[1].leaf.key, revision_key(10, 1, false));
         assert_eq!(
-            read_key_value(&e[1].value).unwrap(),
+            read_key_value(&e[1].leaf.value).unwrap(),
             (
                 &b"b"[..],
                 Live {
@@ -602,45 +587,30 @@ mod tests {
                 }
             )
         );
+        assert_eq!(
+            (e[0].last, e[1].last),
+            (false, true),
+            "a is written again at 12, b never again"
+        );
         let e = entries(&rev(11, vec![del("a")]), &mut state).unwrap();
-        assert_eq!(e[0].key, revision_key(11, 0, true));
-        assert_eq!(main_of(&e[0].key), Some((11, true)));
-        assert_eq!(state[&b"a".to_vec()], None);
+        assert_eq!(e[0].leaf.key, revision_key(11, 0, true));
+        assert_eq!(main_of(&e[0].leaf.key), Some((11, true)));
+        assert_eq!(state[&b"a".to_vec()].live, None);
+        assert!(!e[0].last);
         let e = entries(&rev(12, vec![put("a", "z", 0)]), &mut state).unwrap();
         assert_eq!(
-            read_key_value(&e[0].value).unwrap().1,
+            read_key_value(&e[0].leaf.value).unwrap().1,
             Live {
                 create: 12,
                 version: 1
             }
         );
+        assert!(e[0].last, "a's last write");
         let refused = entries(&rev(13, vec![del("b"), del("b")]), &mut state).unwrap_err();
         assert!(
             refused.contains("revision 13 deletes key \"b\""),
             "{refused}"
         );
-    }
-
-    #[test]
-    fn key_values_are_encoded_as_etcds_protobuf_encoder_does() {
-        // mvccpb.KeyValue{Key:"k", CreateRevision:2, ModRevision:300, Version:1, Value:"v"}
-        // as etcd marshals it: fields in order, zero lease left out, varints.
-        let b = key_value(
-            b"k",
-            Live {
-                create: 2,
-                version: 1,
-            },
-            300,
-            b"v",
-            0,
-        );
-        assert_eq!(
-            b,
-            vec![0x0a, 1, b'k', 0x10, 2, 0x18, 0xac, 0x02, 0x20, 1, 0x2a, 1, b'v']
-        );
-        assert_eq!(tombstone_value(b"k"), vec![0x0a, 1, b'k']);
-        assert_eq!(lease_value(0x1234, 60), vec![0x08, 0xb4, 0x24, 0x10, 60]);
     }
 
     #[test]

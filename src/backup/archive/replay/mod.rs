@@ -23,6 +23,8 @@
 
 mod api;
 pub mod direct;
+pub mod encode;
+mod latest;
 mod leases;
 mod pipeline;
 mod plan;
@@ -69,6 +71,31 @@ pub struct ReplaySetup {
     pub auth: Option<crate::etcd::Auth>,
     /// How the revisions reach the scratch member.
     pub method: Method,
+    /// What a restore point's file keeps of the replayed revisions.
+    pub history: History,
+}
+
+/// What a restore point's file keeps of the replayed revisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum History {
+    /// Every revision, as etcd holds them: for a restore that keeps the history readable
+    /// (no revision jump), and for the drill, whose hash covers it.
+    #[default]
+    Full,
+    /// Of each key the replay touches, only its last write (`latest`): for a restore
+    /// that marks every earlier revision compacted, where nothing else is read again.
+    /// Written into the file only; through etcd's API the history is whole.
+    Latest,
+}
+
+impl History {
+    /// As the log says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            History::Full => "full",
+            History::Latest => "latest",
+        }
+    }
 }
 
 /// How a replay applies the archived revisions.
@@ -122,6 +149,8 @@ pub struct Replayed {
     /// How the revisions were applied ([`Method::Api`] too when the file could not take
     /// them).
     pub method: Method,
+    /// What the file keeps of them.
+    pub history: History,
 }
 
 #[derive(Debug, Error)]
@@ -246,11 +275,23 @@ async fn replay_then(
     );
     if let (Method::File, Finish::SnapshotTo(out)) = (setup.method, finish) {
         let work = &setup.work_dir;
-        match sealed::fold(store, snapshot, snapshot_name, segments, target, work, out).await? {
-            Ok(done) => return Ok((done, None)),
-            Err(unfit) => tracing::warn!(reason = %unfit.0,
-                "the archive replay cannot be written into a copy of the snapshot: replaying it through etcd's API instead"),
+        let mut histories = vec![History::Full];
+        if setup.history == History::Latest {
+            histories.insert(0, History::Latest);
         }
+        for history in histories {
+            let file = sealed::File {
+                snapshot,
+                name: snapshot_name,
+                history,
+            };
+            match sealed::fold(store, file, segments, target, work, out).await? {
+                Ok(done) => return Ok((done, None)),
+                Err(unfit) => tracing::warn!(reason = %unfit.0, history = history.name(),
+                    "the archive replay cannot be written into a copy of the snapshot: trying the next way"),
+            }
+        }
+        tracing::warn!("replaying the archive through etcd's API");
     } else if setup.method == Method::File {
         match attempt(args, Method::File).await? {
             Ok(done) => return Ok(done),
@@ -311,8 +352,9 @@ async fn attempt(
         };
         let mut done = Replayed::from_snapshot(snapshot_name, current, finish);
         let kept = work.join("segments");
+        let output = direct::Output::Append(&db);
         if let Err(unfit) =
-            direct::replay_into(store, &db, current, segments, target, &kept, &mut done).await?
+            direct::replay_into(store, output, current, segments, target, &kept, &mut done).await?
         {
             return Ok(Err(unfit));
         }
@@ -384,6 +426,7 @@ impl Replayed {
             resent: 0,
             overtaken: 0,
             method: Method::Api,
+            history: History::Full,
         }
     }
 }
@@ -427,6 +470,7 @@ pub async fn fold(
         segments = r.segments.len(), revisions_replayed = r.revisions,
         last_revision = r.last_revision, last_time = %last_time,
         replay_seconds = r.applying.as_secs_f64(), method = r.method.name(),
+        history = r.history.name(),
         "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
     if let Some(why) = &r.stopped {
         tracing::warn!(snapshot = %r.snapshot, last_revision = r.last_revision, reason = %why,

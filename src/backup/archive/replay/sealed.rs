@@ -1,9 +1,11 @@
 //! A restore point's file made without a throw-away etcd: a copy of the snapshot with the
-//! archive written into it ([`super::direct`]), then **checked** — every page of its `key`
-//! and `lease` buckets walked, the `key` bucket's revisions strictly increasing and ending
-//! at the last replayed revision, as many entries as the snapshot's plus the replayed
-//! ones — and **sealed** as etcd seals a snapshot: cut at its last page, its SHA-256
-//! appended, which the restore's `snapshot restore` checks again.
+//! archive written into it ([`super::direct`]) or, for a restore that marks every earlier
+//! revision compacted, a new file holding each touched key's last write only
+//! ([`super::latest`]); then **checked** — every page of its `key` and `lease` buckets
+//! walked, the `key` bucket's revisions strictly increasing and ending at the last
+//! replayed revision, as many entries as were kept of the snapshot's plus the replayed
+//! ones written — and **sealed** as etcd seals a snapshot: cut at its last page, its
+//! SHA-256 appended, which the restore's `snapshot restore` checks again.
 //!
 //! What this leaves out, the drill proves: every periodic archive drill replays the same
 //! way, then starts etcd on the result and compares its `HashKV` with the live cluster's.
@@ -13,8 +15,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::direct::{self, main_of, Unfit};
-use super::{io, ReplayError, Replayed, Target};
+use super::direct::{self, Output, Unfit};
+use super::encode::main_of;
+use super::{io, History, ReplayError, Replayed, Target};
 use crate::backup::archive::SegmentManifest;
 use crate::backup::bolt::{BoltError, Db, Root};
 use crate::backup::store::Store;
@@ -22,13 +25,20 @@ use crate::backup::store::Store;
 /// etcd's snapshot trailer: the SHA-256 of the database before it.
 const TRAILER: usize = 32;
 
-/// Replays `segments` onto the verified snapshot file `snapshot` up to `target` into `out`
-/// (as `out.partial` first), in `work`. `Ok(Err(_))`: the file could not take them or
-/// failed its check; nothing is at `out`.
+/// The snapshot a restore point is made from, and what its file keeps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct File<'a> {
+    /// The verified snapshot file.
+    pub snapshot: &'a Path,
+    pub name: &'a str,
+    pub history: History,
+}
+
+/// Replays `segments` onto `file`'s snapshot up to `target` into `out`, in `work`.
+/// `Ok(Err(_))`: the file could not take them or failed its check; nothing is at `out`.
 pub(super) async fn fold(
     store: &Store,
-    snapshot: &Path,
-    snapshot_name: &str,
+    file: File<'_>,
     segments: &[SegmentManifest],
     target: Target,
     work: &Path,
@@ -39,20 +49,38 @@ pub(super) async fn fold(
     }
     crate::backup::scratch::create_private_dir(work).map_err(io("create", work))?;
     let db = work.join("db");
-    let (from, to) = (snapshot.to_path_buf(), db.clone());
-    blocking(move || std::fs::copy(&from, &to).map_err(io("copy", &from))).await??;
-    let current = match direct::file_revision(&db) {
+    let copy = || {
+        let (from, to) = (file.snapshot.to_path_buf(), db.clone());
+        blocking(move || std::fs::copy(&from, &to).map_err(io("copy", &from)))
+    };
+    let current = match direct::file_revision(file.snapshot) {
         Ok(r) => r,
         Err(unfit) => return Ok(Err(unfit)),
     };
-    let mut done = Replayed::from_snapshot(snapshot_name, current, super::Finish::SnapshotTo(out));
+    let mut done = Replayed::from_snapshot(file.name, current, super::Finish::SnapshotTo(out));
+    let output = match file.history {
+        History::Full => {
+            copy().await??;
+            Output::Append(&db)
+        }
+        History::Latest => Output::Latest {
+            from: file.snapshot,
+            to: &db,
+        },
+    };
     let kept = work.join("segments");
     let appended =
-        match direct::replay_into(store, &db, current, segments, target, &kept, &mut done).await? {
+        match direct::replay_into(store, output, current, segments, target, &kept, &mut done)
+            .await?
+        {
             Ok(a) => a,
             Err(unfit) => return Ok(Err(unfit)),
         };
+    if appended.is_none() && file.history == History::Latest {
+        copy().await??;
+    }
     done.method = super::Method::File;
+    done.history = file.history;
     let expected = appended.map(|a| (a.before + a.added, done.last_revision));
     let sealed = {
         let db = db.clone();
