@@ -343,6 +343,7 @@ mod tests {
             last_time_unix_ms: None,
             stopped,
             applying: Duration::ZERO,
+            sealing: Duration::ZERO,
             resent: 0,
             overtaken: 0,
             method: crate::backup::archive::replay::Method::File,

@@ -8,10 +8,12 @@
 //! Writing never touches a page in use: [`Append`] writes new pages after the file's
 //! high-water mark — the new entries, the bucket's rightmost path rebuilt over them
 //! ([`Append::extend`]: every entry must sort after the bucket's last), small buckets
-//! rebuilt whole ([`Append::rebuild`]) —, then [`Append::commit`] syncs them and writes the
-//! next meta page (the older of the two) pointing at the new root bucket, with its freelist
-//! marked as not written (bbolt, and etcd, find the free pages by walking the file when
-//! they open it). A crash before the meta is written leaves the file as it was.
+//! rebuilt whole ([`Append::rebuild`]) —, then [`Append::commit`] writes the next meta page
+//! (the older of the two) pointing at the new root bucket, with its freelist marked as not
+//! written (bbolt, and etcd, find the free pages by walking the file when they open it).
+//! Only the agent's scratch copies are written (a copy of a snapshot, a throw-away
+//! member's file), so nothing is synced here: a restore point's file is synced whole when
+//! it is sealed, and a crash before means writing it again.
 //! [`Db::create`] starts a new file the same way: its trees streamed in by
 //! [`Append::build`], then committed.
 
@@ -472,10 +474,11 @@ impl<'a> Append<'a> {
         self.root_over(leaves.written)
     }
 
-    /// Syncs the new pages, then writes the next meta: the root bucket at `root`.
+    /// Writes out the new pages, then the next meta: the root bucket at `root`. Nothing is
+    /// synced: the files written here are the agent's scratch copies, which whoever keeps
+    /// one syncs whole (a restore point's when it is sealed) and a crash has written again.
     pub fn commit(mut self, root: u64) -> Result<(), BoltError> {
         self.out.flush().map_err(|e| self.db.io(e))?;
-        self.db.file.sync_data().map_err(|e| self.db.io(e))?;
         let meta = Meta {
             root,
             freelist: NO_FREELIST,
@@ -489,7 +492,6 @@ impl<'a> Append<'a> {
             .file
             .write_all_at(&b, at * self.db.page_size() as u64)
             .map_err(|e| self.db.io(e))?;
-        self.db.file.sync_data().map_err(|e| self.db.io(e))?;
         self.db.meta = meta;
         Ok(())
     }

@@ -141,6 +141,8 @@ pub struct Replayed {
     pub stopped: Option<EarlyStop>,
     /// How long applying the revisions took.
     pub applying: Duration,
+    /// How long checking and sealing the restore point's file took (zero through the API).
+    pub sealing: Duration,
     /// Transactions sent again because they (or one before them) reached etcd before
     /// their predecessor.
     pub resent: u64,
@@ -423,6 +425,7 @@ impl Replayed {
             last_time_unix_ms: None,
             stopped: None,
             applying: Duration::ZERO,
+            sealing: Duration::ZERO,
             resent: 0,
             overtaken: 0,
             method: Method::Api,
@@ -469,7 +472,8 @@ pub async fn fold(
     tracing::warn!(snapshot = %r.snapshot, snapshot_revision = r.snapshot_revision,
         segments = r.segments.len(), revisions_replayed = r.revisions,
         last_revision = r.last_revision, last_time = %last_time,
-        replay_seconds = r.applying.as_secs_f64(), method = r.method.name(),
+        replay_seconds = r.applying.as_secs_f64(), seal_seconds = r.sealing.as_secs_f64(),
+        method = r.method.name(),
         history = r.history.name(),
         "archive replayed onto the snapshot: the restore holds every archived write up to the last revision");
     if let Some(why) = &r.stopped {

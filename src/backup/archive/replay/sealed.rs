@@ -82,6 +82,7 @@ pub(super) async fn fold(
     done.method = super::Method::File;
     done.history = file.history;
     let expected = appended.map(|a| (a.before + a.added, done.last_revision));
+    let sealing = std::time::Instant::now();
     let sealed = {
         let db = db.clone();
         blocking(move || seal(&db, expected)).await?
@@ -89,6 +90,7 @@ pub(super) async fn fold(
     if let Err(unfit) = sealed {
         return Ok(Err(unfit));
     }
+    done.sealing = sealing.elapsed();
     std::fs::rename(&db, out).map_err(io("rename", out))?;
     let _ = std::fs::remove_dir_all(work);
     Ok(Ok(done))
