@@ -1,11 +1,10 @@
 //! The replay written straight into a snapshot's database file: each archived revision
 //! becomes the entries etcd itself would have written for it (etcd's `key` bucket:
 //! revision `main_sub` → the key's `KeyValue`, a delete as a tombstone), appended after the
-//! snapshot's (`Output::Append`) or, for a restore that marks earlier revisions
-//! compacted, only each key's last write into a new file (`Output::Latest`,
-//! `super::latest`); each lease a put names that the file does not hold is added to its
-//! `lease` bucket with its archived TTL. No page in use is written over
-//! ([`crate::backup::bolt`]).
+//! snapshot's ([`append`]) or, for a restore that marks earlier revisions compacted, only
+//! each key's last write into a new file (`super::latest`); each lease a put names that
+//! the file does not hold is added to its `lease` bucket with its archived TTL. No page in
+//! use is written over ([`crate::backup::bolt`]).
 //!
 //! Two passes over the segments: the first fetches and checks each one (kept on the
 //! scratch disk, compressed) and gathers the keys they touch and where each is last
@@ -273,17 +272,10 @@ impl Written {
     }
 }
 
-/// Where the replay writes.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Output<'a> {
-    /// Every revision appended to the file at this path (a copy of the snapshot): the
-    /// whole history, as etcd holds it.
-    Append(&'a Path),
-    /// A new file at `to` holding the entries of snapshot `from` for the keys the replay
-    /// does not touch and, of each key it touches, only its last write: what a restore
-    /// that marks every earlier revision compacted keeps (`super::latest`).
-    Latest { from: &'a Path, to: &'a Path },
-}
+/// The second pass, blocking: writes the gathered revisions (from the snapshot's revision
+/// on, up to the target) into a file ([`append`], or `super::latest::write`).
+pub(super) type Write =
+    Box<dyn FnOnce(&mut Gathered, i64, Target) -> Result<Written, Unfit> + Send>;
 
 /// What `learn` hands each entry of an untouched key to: its revision key and value.
 pub(super) type Keep<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), BoltError> + 'a;
@@ -437,9 +429,20 @@ pub(super) fn apply(
     Ok(w)
 }
 
-/// The second pass into a copy of the snapshot, blocking: learns the gathered keys' state
-/// from the file, then appends every gathered revision and the leases they name.
-fn append(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<Written, Unfit> {
+/// The second pass into a copy of the snapshot at `db`: learns the gathered keys' state
+/// from the file, then appends every gathered revision and the leases they name. The whole
+/// history, as etcd holds it.
+pub(super) fn append(db: &Path) -> Write {
+    let db = db.to_path_buf();
+    Box::new(move |g, current, target| append_into(&db, g, current, target))
+}
+
+fn append_into(
+    db: &Path,
+    g: &mut Gathered,
+    current: i64,
+    target: Target,
+) -> Result<Written, Unfit> {
     let mut db = Db::open(db)?;
     let keys_root = bucket(&db, KEY_BUCKET)?;
     let mut state = std::mem::take(&mut g.keys);
@@ -473,7 +476,7 @@ fn append(db: &Path, g: &mut Gathered, current: i64, target: Target) -> Result<W
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn replay_into(
     store: &Store,
-    output: Output<'_>,
+    write: Write,
     current: i64,
     segments: &[SegmentManifest],
     target: Target,
@@ -482,16 +485,12 @@ pub(super) async fn replay_into(
 ) -> Result<Result<Option<Appended>, Unfit>, ReplayError> {
     let started = Instant::now();
     let g = gather(store, segments, current, target, dir).await?;
-    let (db, fresh) = match output {
-        Output::Append(db) => (db.to_path_buf(), None),
-        Output::Latest { from, to } => (from.to_path_buf(), Some(to.to_path_buf())),
-    };
     let (g, written) = tokio::task::spawn_blocking(move || {
         let mut g = g;
-        let w = match (g.last > current, fresh) {
-            (false, _) => Ok(Written::nothing(current, g.stopped.clone())),
-            (true, None) => append(&db, &mut g, current, target),
-            (true, Some(to)) => super::latest::write(&db, &to, &mut g, current, target),
+        let w = if g.last > current {
+            write(&mut g, current, target)
+        } else {
+            Ok(Written::nothing(current, g.stopped.clone()))
         };
         (g, w)
     })

@@ -15,17 +15,22 @@
 use std::path::Path;
 
 use super::direct::{
-    apply, bucket, learn, Appended, Gathered, LeaseBucket, Unfit, Written, KEY_BUCKET, LEASE_BUCKET,
+    apply, bucket, learn, Appended, Gathered, LeaseBucket, Unfit, Write, Written, KEY_BUCKET,
+    LEASE_BUCKET,
 };
 use super::plan::{EarlyStop, Target};
 use crate::backup::bolt::page::{self, LeafEntry, BUCKET_FLAG};
 use crate::backup::bolt::{Db, Root};
 
-/// Writes the new file `to` from the snapshot file `from` (at revision `current`) and the
-/// gathered revisions, blocking. A revision that cannot be replayed ends this file: the
-/// keys written after it would be lost with their earlier writes, so the caller writes
-/// the whole history instead.
-pub(super) fn write(
+/// The second pass into a new file `to` from the snapshot file `from`. A revision that
+/// cannot be replayed ends this file: the keys written after it would be lost with their
+/// earlier writes, so the caller writes the whole history instead.
+pub(super) fn write(from: &Path, to: &Path) -> Write {
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    Box::new(move |g, current, target| write_into(&from, &to, g, current, target))
+}
+
+fn write_into(
     from: &Path,
     to: &Path,
     g: &mut Gathered,

@@ -354,9 +354,9 @@ async fn attempt(
         };
         let mut done = Replayed::from_snapshot(snapshot_name, current, finish);
         let kept = work.join("segments");
-        let output = direct::Output::Append(&db);
+        let write = direct::append(&db);
         if let Err(unfit) =
-            direct::replay_into(store, output, current, segments, target, &kept, &mut done).await?
+            direct::replay_into(store, write, current, segments, target, &kept, &mut done).await?
         {
             return Ok(Err(unfit));
         }

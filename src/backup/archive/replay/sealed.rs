@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::direct::{self, Output, Unfit};
+use super::direct::{self, Unfit};
 use super::encode::main_of;
 use super::{io, History, ReplayError, Replayed, Target};
 use crate::backup::archive::SegmentManifest;
@@ -58,20 +58,16 @@ pub(super) async fn fold(
         Err(unfit) => return Ok(Err(unfit)),
     };
     let mut done = Replayed::from_snapshot(file.name, current, super::Finish::SnapshotTo(out));
-    let output = match file.history {
+    let write = match file.history {
         History::Full => {
             copy().await??;
-            Output::Append(&db)
+            direct::append(&db)
         }
-        History::Latest => Output::Latest {
-            from: file.snapshot,
-            to: &db,
-        },
+        History::Latest => super::latest::write(file.snapshot, &db),
     };
     let kept = work.join("segments");
     let appended =
-        match direct::replay_into(store, output, current, segments, target, &kept, &mut done)
-            .await?
+        match direct::replay_into(store, write, current, segments, target, &kept, &mut done).await?
         {
             Ok(a) => a,
             Err(unfit) => return Ok(Err(unfit)),
