@@ -339,10 +339,18 @@ mod tests {
     struct Kept {
         events: Arc<Mutex<Vec<Event>>>,
         series: Arc<Mutex<Vec<(String, i32)>>>,
+        /// While set, every call goes unanswered.
+        down: Arc<Mutex<bool>>,
     }
 
     impl EventApi for Kept {
         async fn create(&self, event: Event) -> Result<(), KubeError> {
+            if *self.down.lock().unwrap() {
+                return Err(KubeError::Unreachable {
+                    url: "https://kube".into(),
+                    detail: "no answer".into(),
+                });
+            }
             let mut held = self.events.lock().unwrap();
             if held.iter().any(|e| e.metadata.name == event.metadata.name) {
                 return Err(KubeError::Status {
@@ -445,6 +453,45 @@ mod tests {
         }
         settle().await;
         assert_eq!(reasons(&api), ["RecoveryStarted", "RecoveredFromSurvivor"]);
+    }
+
+    /// Every volume of the cluster's own etcd lost: the API answers only once etcd serves
+    /// again, after the restore's entry was read. The Event is created once it answers,
+    /// under the same name, and only once.
+    #[tokio::test(start_paused = true)]
+    async fn a_restore_posted_while_the_api_is_down_is_on_the_pod_once_it_answers() {
+        let (api, failed) = (Kept::default(), Counter::default());
+        *api.down.lock().unwrap() = true;
+        let tmp = tempfile::tempdir().unwrap();
+        let now = 1_795_000_000;
+        let mut e = Entry::new(now, ActionKind::Bootstrap, "form a new cluster");
+        e.restored = Some(Restored {
+            snapshot: "20261128T033426.528Z-r21".into(),
+            revision: Some(21),
+            revision_after: Some(1_000_000_021),
+        });
+        journal::append(tmp.path(), &e).unwrap();
+        let mut init = InitEvents::new(start(&api, &failed), "etcd-1", tmp.path(), now);
+        for t in 0..20 {
+            init.look(now + t, true, None);
+            settle().await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(api.events.lock().unwrap().is_empty());
+        assert!(failed.get() >= 3, "each try counted: {}", failed.get());
+        *api.down.lock().unwrap() = false;
+        for t in 20..100 {
+            init.look(now + t, true, None);
+            settle().await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let events = api.events.lock().unwrap().clone();
+        let reasons: Vec<_> = events.iter().filter_map(|e| e.reason.clone()).collect();
+        assert_eq!(reasons, ["RestoredFromBackup"], "{events:#?}");
+        assert!(events[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("20261128T033426.528Z-r21")));
     }
 
     #[tokio::test(start_paused = true)]

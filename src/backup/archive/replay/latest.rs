@@ -108,6 +108,16 @@ fn write_into(
                 r @ Root::Page(_) => {
                     let mut entries = Vec::new();
                     src.for_each(&r, &mut |flags, k, v| {
+                        // A nested bucket on pages of its own would point into the
+                        // snapshot's file (etcd's buckets hold none).
+                        if flags & BUCKET_FLAG != 0
+                            && page::bucket_value(v).is_none_or(|(root, _, _)| root != 0)
+                        {
+                            return Err(crate::backup::bolt::BoltError::Unexpected {
+                                path: from.to_path_buf(),
+                                what: format!("bucket {:?} holds a nested bucket", e.key),
+                            });
+                        }
                         entries.push(LeafEntry {
                             flags,
                             key: k.to_vec(),

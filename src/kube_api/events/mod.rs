@@ -11,9 +11,10 @@
 //! - [`Events`] is the handle the roles post through: [`Events::post`] never waits (a
 //!   bounded queue; a full one drops the act and counts it), and one task makes the calls,
 //!   each within the API's call time-out. A slow, refusing or absent API server delays no
-//!   decision; every call that fails is counted (`etcd_steward_events_failed_total`).
+//!   decision; every call that fails is counted (`etcd_steward_events_failed_total`), and an
+//!   Event the API did not take is created again under its name until it does
+//!   ([`retry`]).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,6 +27,12 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
 use super::{ApiWorkload, KubeAccess, KubeError};
+
+mod retry;
+mod series;
+
+use retry::Retries;
+pub use series::{Call, Series};
 
 /// `reportingController` of every Event the agent posts.
 pub const CONTROLLER: &str = "etcd-steward";
@@ -149,146 +156,6 @@ impl std::fmt::Display for Reason {
 pub struct Act {
     pub reason: Reason,
     pub note: String,
-}
-
-/// A call to the API that [`Series`] asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
-    /// A new Event named `name`.
-    Create {
-        name: String,
-        act: Act,
-        time: SystemTime,
-    },
-    /// The series of Event `name`: `count` occurrences, the last at `last_observed`.
-    Patch {
-        name: String,
-        count: u32,
-        last_observed: SystemTime,
-    },
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    name: String,
-    count: u32,
-    /// The last occurrence, on the monotonic clock (the windows) and the wall clock (what
-    /// the Event says).
-    last: Instant,
-    last_wall: SystemTime,
-    sent_count: u32,
-    sent_at: Instant,
-}
-
-/// The Events posted recently, by reason and note (pure: every time is given; the windows
-/// are measured on the monotonic clock, so a paused or jumping wall clock changes none).
-#[derive(Debug, Clone)]
-pub struct Series {
-    /// The pod's name: every Event's name starts with it.
-    pod: String,
-    entries: HashMap<(Reason, String), Entry>,
-    /// Tells apart Events created in the same nanosecond.
-    created: u64,
-}
-
-impl Series {
-    pub fn new(pod: &str) -> Series {
-        Series {
-            pod: pod.to_string(),
-            entries: HashMap::new(),
-            created: 0,
-        }
-    }
-
-    /// `act` happened at `now` (`wall` on the wall clock): a new Event, the series' count
-    /// when a heartbeat is due, or nothing yet (counted, sent by a later [`Series::due`]).
-    pub fn record(&mut self, act: Act, now: Instant, wall: SystemTime) -> Option<Call> {
-        self.record_named(act, None, now, wall)
-    }
-
-    /// As [`Series::record`]; a new Event is named `name` when one is given.
-    pub fn record_named(
-        &mut self,
-        act: Act,
-        name: Option<String>,
-        now: Instant,
-        wall: SystemTime,
-    ) -> Option<Call> {
-        let key = (act.reason, act.note.clone());
-        match self.entries.get_mut(&key) {
-            Some(e) if within(e.last, now, SERIES_WINDOW) => {
-                e.count += 1;
-                e.last = now;
-                e.last_wall = wall;
-                if !within(e.sent_at, now, HEARTBEAT) {
-                    e.sent_count = e.count;
-                    e.sent_at = now;
-                    return Some(Call::Patch {
-                        name: e.name.clone(),
-                        count: e.count,
-                        last_observed: wall,
-                    });
-                }
-                None
-            }
-            _ => {
-                self.created += 1;
-                let nanos = wall
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos());
-                let name =
-                    name.unwrap_or_else(|| format!("{}.{:x}{:x}", self.pod, nanos, self.created));
-                self.entries.insert(
-                    key,
-                    Entry {
-                        name: name.clone(),
-                        count: 1,
-                        last: now,
-                        last_wall: wall,
-                        sent_count: 1,
-                        sent_at: now,
-                    },
-                );
-                Some(Call::Create {
-                    name,
-                    act,
-                    time: wall,
-                })
-            }
-        }
-    }
-
-    /// The counts not sent yet whose heartbeat is due at `now`; forgets series that ended
-    /// (nothing new within [`SERIES_WINDOW`]) once their count is sent.
-    pub fn due(&mut self, now: Instant) -> Vec<Call> {
-        let mut calls = Vec::new();
-        for e in self.entries.values_mut() {
-            if e.count > e.sent_count && !within(e.sent_at, now, HEARTBEAT) {
-                e.sent_count = e.count;
-                e.sent_at = now;
-                calls.push(Call::Patch {
-                    name: e.name.clone(),
-                    count: e.count,
-                    last_observed: e.last_wall,
-                });
-            }
-        }
-        self.entries
-            .retain(|_, e| e.count > e.sent_count || within(e.last, now, SERIES_WINDOW));
-        calls.sort_by(|a, b| call_name(a).cmp(call_name(b)));
-        calls
-    }
-}
-
-fn call_name(c: &Call) -> &str {
-    match c {
-        Call::Create { name, .. } | Call::Patch { name, .. } => name,
-    }
-}
-
-/// `then` is less than `span` before `now`.
-fn within(then: Instant, now: Instant, span: Duration) -> bool {
-    now.saturating_duration_since(then) < span
 }
 
 /// The pod the Events regard.
@@ -508,19 +375,26 @@ async fn run<A: EventApi>(
     let mut series = Series::new(&regarding.pod);
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retries: Retries<Call> = Retries::default();
     let mut warned = false;
     loop {
-        let calls = tokio::select! {
+        let next = retries.next().map(tokio::time::Instant::from_std);
+        let (calls, again) = tokio::select! {
             act = rx.recv() => match act {
                 Some(p) => {
                     let wall = p.at.unwrap_or_else(SystemTime::now);
-                    series.record_named(p.act, p.name, monotonic(), wall).into_iter().collect()
+                    (series.record_named(p.act, p.name, monotonic(), wall).into_iter().collect(), Vec::new())
                 }
-                None => series.due(monotonic() + HEARTBEAT),
+                None => (series.due(monotonic() + HEARTBEAT), Vec::new()),
             },
-            _ = heartbeat.tick() => series.due(monotonic()),
+            _ = heartbeat.tick() => (series.due(monotonic()), Vec::new()),
+            _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                (Vec::new(), retries.due(monotonic()))
+            }
         };
-        for call in calls {
+        let fresh = calls.into_iter().map(|c| (c, None));
+        let again = again.into_iter().map(|r| (r.item.clone(), Some(r)));
+        for (call, retry) in fresh.chain(again) {
             let result = match &call {
                 Call::Create { name, act, time } => {
                     match api.create(event(&regarding, name, act, *time)).await {
@@ -541,15 +415,36 @@ async fn run<A: EventApi>(
                     api.update_series(name, series).await
                 }
             };
-            match result {
-                Ok(()) => warned = false,
-                Err(e) => {
-                    failed.inc();
-                    if !warned {
-                        tracing::warn!(error = %e, "a Kubernetes Event could not be posted (counted in etcd_steward_events_failed_total; said once until one is posted)");
-                        warned = true;
-                    }
+            let e = match result {
+                Ok(()) => {
+                    warned = false;
+                    continue;
                 }
+                Err(e) => e,
+            };
+            failed.inc();
+            if !warned {
+                tracing::warn!(error = %e, "a Kubernetes Event could not be posted (counted in etcd_steward_events_failed_total; tried again until the API takes it, for up to an hour; said once until one is posted)");
+                warned = true;
+            }
+            // A create is tried again under its name (a later count is sent by the next
+            // heartbeat); one the API found malformed would be refused again.
+            let malformed = matches!(
+                e,
+                KubeError::Status {
+                    code: 400 | 422,
+                    ..
+                }
+            );
+            if !matches!(call, Call::Create { .. }) || malformed {
+                continue;
+            }
+            let given_up = match retry {
+                None => retries.failed(call, monotonic()),
+                Some(r) => retries.failed_again(r, monotonic()),
+            };
+            if let Some(Call::Create { name, act, .. }) = given_up {
+                tracing::warn!(event = %name, reason = %act.reason, "a Kubernetes Event was given up after an hour of tries, or for newer ones");
             }
         }
         if rx.is_closed() && rx.is_empty() {
@@ -567,95 +462,11 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000 + secs)
     }
 
-    /// A monotonic instant `secs` after the test's start.
-    fn mono(secs: u64) -> Instant {
-        use std::sync::OnceLock;
-        static START: OnceLock<Instant> = OnceLock::new();
-        *START.get_or_init(Instant::now) + Duration::from_secs(secs)
-    }
-
     fn waiting() -> Act {
         Act {
             reason: Reason::WaitingTooLong,
             note: "waiting for etcd-2 to prepare".into(),
         }
-    }
-
-    #[test]
-    fn a_ten_minute_wait_repeated_every_second_is_one_event_with_a_growing_count() {
-        let mut s = Series::new("etcd-0");
-        let mut creates = 0;
-        let mut counts = Vec::new();
-        for t in 0..600 {
-            let mut calls: Vec<Call> = s.record(waiting(), mono(t), at(t)).into_iter().collect();
-            calls.extend(s.due(mono(t)));
-            for c in calls {
-                match c {
-                    Call::Create { .. } => creates += 1,
-                    Call::Patch { count, .. } => counts.push(count),
-                }
-            }
-        }
-        counts.extend(s.due(mono(700)).into_iter().map(|c| match c {
-            Call::Patch { count, .. } => count,
-            Call::Create { .. } => 0,
-        }));
-        assert_eq!(creates, 1);
-        assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
-        assert_eq!(
-            counts.last(),
-            Some(&600),
-            "the last count sent is every occurrence"
-        );
-        assert!(
-            counts.len() <= 21,
-            "one patch per heartbeat at most: {counts:?}"
-        );
-    }
-
-    #[test]
-    fn a_repeat_after_the_window_is_a_new_event() {
-        let mut s = Series::new("etcd-0");
-        assert!(matches!(
-            s.record(waiting(), mono(0), at(0)),
-            Some(Call::Create { .. })
-        ));
-        assert!(s.due(mono(400)).is_empty());
-        assert!(matches!(
-            s.record(waiting(), mono(400), at(400)),
-            Some(Call::Create { .. })
-        ));
-    }
-
-    #[test]
-    fn another_note_or_reason_is_another_event() {
-        let mut s = Series::new("etcd-0");
-        let first = s.record(waiting(), mono(0), at(0));
-        let other_note = s.record(
-            Act {
-                note: "waiting for etcd-1 to prepare".into(),
-                ..waiting()
-            },
-            mono(1),
-            at(1),
-        );
-        let other_reason = s.record(
-            Act {
-                reason: Reason::RestoreHeld,
-                ..waiting()
-            },
-            mono(2),
-            at(2),
-        );
-        let names: Vec<String> = [first, other_note, other_reason]
-            .into_iter()
-            .map(|c| match c {
-                Some(Call::Create { name, .. }) => name,
-                other => panic!("a new Event each: {other:?}"),
-            })
-            .collect();
-        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
-        assert!(names.iter().all(|n| n.starts_with("etcd-0.")));
     }
 
     #[test]
