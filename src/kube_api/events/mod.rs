@@ -13,7 +13,7 @@
 //!   each within the API's call time-out. A slow, refusing or absent API server delays no
 //!   decision; every call that fails is counted (`etcd_steward_events_failed_total`), and an
 //!   Event the API did not take is created again under its name until it does
-//!   ([`retry`]).
+//!   (`retry`).
 
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
