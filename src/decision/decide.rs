@@ -419,6 +419,7 @@ fn decide_formation(f: &Facts) -> Decision {
             }),
             Why::AgreedEarlier {
                 token: token.clone(),
+                snapshot: snapshot.clone(),
             },
         );
     }
@@ -564,6 +565,7 @@ fn joined_formation_or_wait(
                     Why::PeerStartedOurFormation {
                         peer: first.name.clone(),
                         token: token.to_string(),
+                        snapshot: mine.snapshot.clone(),
                     },
                 );
             }

@@ -202,10 +202,14 @@ pub enum Why {
     },
     AgreedEarlier {
         token: String,
+        /// The snapshot the formation restores, if any.
+        snapshot: Option<String>,
     },
     PeerStartedOurFormation {
         peer: String,
         token: String,
+        /// The snapshot the formation restores, if any.
+        snapshot: Option<String>,
     },
     PeersHoldData {
         holders: Vec<String>,
@@ -380,8 +384,8 @@ impl std::fmt::Display for Why {
             Why::NeverStartedFormationMember { member } => write!(f, "the cluster lists this pod as member {member:x} of its formation that never started, and this volume holds that formation's marker: start as that member"),
             Why::StaleEntry { member, learner } => write!(f, "the volume is empty but the cluster still lists this pod as {} {member:x}: its log is gone, so that entry is removed and this pod joins as a new learner (never with the old member ID)", if *learner { "learner" } else { "voter" }),
             Why::BeyondInitialSize { ordinal, replicas, not_reached } => write!(f, "ordinal {ordinal} is beyond the initial cluster size {replicas}: this pod only joins a running cluster, and none answered{not_reached}"),
-            Why::AgreedEarlier { token } => write!(f, "this pod already agreed to form cluster token {token} and never started etcd: start as that member"),
-            Why::PeerStartedOurFormation { peer, token } => write!(f, "{peer} already started the formation this pod prepared for (token {token}): start as its member"),
+            Why::AgreedEarlier { token, snapshot } => write!(f, "this pod already agreed to form cluster token {token} and never started etcd: start as that member{}", from_backup(snapshot)),
+            Why::PeerStartedOurFormation { peer, token, snapshot } => write!(f, "{peer} already started the formation this pod prepared for (token {token}): start as its member{}", from_backup(snapshot)),
             Why::PeersHoldData { holders } => write!(f, "peers hold data of a cluster this pod did not form with: {}; this volume is empty, so it waits for that cluster to regain quorum and then joins it. If a majority of the volumes is lost for good, `etcd-steward recover` shows how the cluster is recovered from the freshest surviving volume", holders.join(", ")),
             Why::NoProofYet { blockers, not_reached } => write!(f, "no proof yet that no cluster exists: {}{not_reached}", blockers.join("; ")),
             Why::ReadyToPrepare { snapshot } => write!(f, "every initial peer answered with an empty volume and no cluster answered: prepare to form a new cluster{}", from_backup(snapshot)),
