@@ -81,14 +81,14 @@ fn write_into(
             "archived revision {revision} cannot be replayed ({why}): a file of last writes would lose every key written after it"
         )));
     }
-    let mut leases = Some(leases);
+    let mut lease_entries = leases.all();
     let mut root = Vec::with_capacity(roots.len());
     for e in roots {
         if e.flags & BUCKET_FLAG == 0 {
             root.push(e);
             continue;
         }
-        let (_, sequence, _) = page::bucket_value(&e.value).ok_or_else(|| {
+        let (page_root, sequence, _) = page::bucket_value(&e.value).ok_or_else(|| {
             Unfit(format!(
                 "bucket {:?}'s value is shorter than its header",
                 e.key
@@ -97,37 +97,31 @@ fn write_into(
         let new_root = if e.key == KEY_BUCKET {
             key_root
         } else if e.key == LEASE_BUCKET {
-            let entries = leases.take().map(LeaseBucket::all).unwrap_or_default();
-            append.rebuild(entries)?
+            append.rebuild(std::mem::take(&mut lease_entries))?
+        } else if page_root == 0 {
+            // Inline: the bucket's leaf is in its value, which holds no page number.
+            root.push(e);
+            continue;
         } else {
-            match bucket(&src, &e.key)? {
-                Root::Inline(_) => {
-                    root.push(e);
-                    continue;
+            let mut entries = Vec::new();
+            src.for_each(&Root::Page(page_root), &mut |flags, k, v| {
+                // A nested bucket on pages of its own would point into the snapshot's
+                // file (etcd's buckets hold none).
+                if flags & BUCKET_FLAG != 0
+                    && page::bucket_value(v).is_none_or(|(root, _, _)| root != 0)
+                {
+                    return Err(crate::backup::bolt::BoltError::Unexpected {
+                        path: from.to_path_buf(),
+                        what: format!("bucket {:?} holds a nested bucket", e.key),
+                    });
                 }
-                r @ Root::Page(_) => {
-                    let mut entries = Vec::new();
-                    src.for_each(&r, &mut |flags, k, v| {
-                        // A nested bucket on pages of its own would point into the
-                        // snapshot's file (etcd's buckets hold none).
-                        if flags & BUCKET_FLAG != 0
-                            && page::bucket_value(v).is_none_or(|(root, _, _)| root != 0)
-                        {
-                            return Err(crate::backup::bolt::BoltError::Unexpected {
-                                path: from.to_path_buf(),
-                                what: format!("bucket {:?} holds a nested bucket", e.key),
-                            });
-                        }
-                        entries.push(LeafEntry {
-                            flags,
-                            key: k.to_vec(),
-                            value: v.to_vec(),
-                        });
-                        Ok(())
-                    })?;
-                    append.rebuild(entries)?
-                }
-            }
+                entries.push(LeafEntry {
+                    flags,
+                    ..entry(k, v)
+                });
+                Ok(())
+            })?;
+            append.rebuild(entries)?
         };
         root.push(LeafEntry {
             flags: e.flags,
