@@ -384,6 +384,25 @@ async fn written_large(
     (live, m, file, segments, last)
 }
 
+/// Replays every segment onto snapshot `m` (its local `file`) with `setup` into `out`:
+/// every archived revision up to `last` applied, none stopped.
+async fn replayed_to_the_end(
+    store: &Store,
+    m: &Manifest,
+    file: &Path,
+    segments: &[SegmentManifest],
+    last: i64,
+    setup: &ReplaySetup,
+    out: &Path,
+) -> Replayed {
+    let r = replay::replay(store, file, &m.name, segments, Target::End, setup, out)
+        .await
+        .unwrap();
+    assert_eq!((r.last_revision, r.stopped.clone()), (last, None), "{r:?}");
+    assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
+    r
+}
+
 #[tokio::test]
 async fn a_replay_written_into_the_snapshots_file_is_what_etcd_itself_made_of_the_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,16 +416,8 @@ async fn a_replay_written_into_the_snapshots_file_is_what_etcd_itself_made_of_th
             method,
             ..setup(dir.path())
         };
-        let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
-            .await
-            .unwrap();
+        let r = replayed_to_the_end(&store, &m, &file, &segments, last, &setup, &out).await;
         assert_eq!(r.method, method, "{r:?}");
-        assert_eq!(
-            (r.last_revision, r.stopped.clone()),
-            (last, None),
-            "{method:?}"
-        );
-        assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
         let restored = started_from(&out, dir.path(), &format!("restored-{method:?}")).await;
         assert_eq!(restored.revision().await, last, "{method:?}");
         assert_eq!(
@@ -459,15 +470,12 @@ async fn a_replay_of_last_writes_restored_with_the_jump_serves_what_the_whole_hi
             history,
             ..setup(dir.path())
         };
-        let r = replay::replay(&store, &file, &m.name, &segments, Target::End, &setup, &out)
-            .await
-            .unwrap();
+        let r = replayed_to_the_end(&store, &m, &file, &segments, last, &setup, &out).await;
         assert_eq!(
             (r.method, r.history, r.last_revision, r.stopped.clone()),
             (Method::File, history, last, None),
             "{r:?}"
         );
-        assert_eq!(r.revisions, u64::try_from(last - m.revision).unwrap());
         sizes.push(std::fs::metadata(&out).unwrap().len());
         let name = format!("jumped-{history:?}");
         let restored = started_with(&out, dir.path(), &name, 1000).await;
