@@ -508,7 +508,7 @@ if not execs:
     problem(f"docs: no `kubectl … exec … etcdctl` command found in {doc_files}: is this check still looking at the docs?")
 
 # ---- 8. RBAC: exactly the calls the code makes -------------------------------------------------
-source = "".join(open(os.path.join("src/kube_api", f)).read() for f in sorted(os.listdir("src/kube_api")) if f.endswith(".rs"))
+source = "".join(open(f).read() for f in sorted(glob.glob("src/kube_api/**/*.rs", recursive=True)))
 KINDS = {"StatefulSet": ("apps", "statefulsets"), "Pod": ("", "pods"), "Event": ("events.k8s.io", "events")}
 calls = set()
 for kind, verb in re.findall(r"Api::<(\w+)>::\w+\([^)]*\)\s*\.(get|list|watch|create|delete|patch|replace)\(", source):
