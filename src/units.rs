@@ -68,6 +68,24 @@ pub fn parse_duration_at_least(s: &str, min: Duration, example: &str) -> Result<
     }
 }
 
+/// A moment an operator names (`--to-time`, `--restore time:`): RFC 3339 with its offset,
+/// `Z` or any other (`2026-11-27T10:01:59Z`, `2026-11-27T11:01:59+01:00`, as `date -Iseconds`
+/// prints), fractions of a second kept; as Unix milliseconds, after 1970. A time without an
+/// offset is refused: it would mean another moment on each machine.
+pub fn parse_moment(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<jiff::Timestamp>()
+        .ok()
+        .and_then(|t| u64::try_from(t.as_millisecond()).ok())
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            format!(
+                "needs an RFC 3339 time with its offset, after 1970, such as \
+                 2026-11-27T10:01:59Z or 2026-11-27T11:01:59+01:00, got {s:?}"
+            )
+        })
+}
+
 /// A moment as `status` shows it: RFC 3339 in UTC and how long before `now` (Unix seconds
 /// both): `2026-11-27T15:31:09Z (4m ago)`.
 pub fn moment(ts: u64, now: u64) -> String {
@@ -144,6 +162,28 @@ mod tests {
         assert_eq!(mib_or_gib(None), "-");
         assert_eq!(mib_or_gib(Some(25 << 20)), "25.0 MiB");
         assert_eq!(mib_or_gib(Some(2 << 30)), "2.0 GiB");
+    }
+
+    #[test]
+    fn a_moment_is_read_with_any_offset_and_one_without_is_refused() {
+        let at = 1_764_237_719_000; // 2025-11-27T10:01:59Z
+        assert_eq!(parse_moment("2025-11-27T10:01:59Z"), Ok(at));
+        assert_eq!(parse_moment("2025-11-27T10:01:59+00:00"), Ok(at));
+        assert_eq!(parse_moment("2025-11-27T11:01:59+01:00"), Ok(at));
+        assert_eq!(parse_moment("2025-11-27T05:01:59.250-05:00"), Ok(at + 250));
+        for bad in [
+            "2025-11-27 10:01:59",
+            "2025-11-27T10:01:59",
+            "yesterday",
+            "",
+            "1960-01-01T00:00:00Z",
+        ] {
+            let e = parse_moment(bad).unwrap_err();
+            assert!(
+                e.contains("with its offset") && e.contains(&format!("{bad:?}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

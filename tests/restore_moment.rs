@@ -229,6 +229,12 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// The same moment as an operator one hour east of UTC writes it (`date -Iseconds`):
+/// `2026-11-27T11:01:59.250+01:00` for `2026-11-27T10:01:59.250Z`.
+fn rfc3339_one_hour_east(t: SystemTime) -> String {
+    rfc3339(t + Duration::from_secs(3600)).replace('Z', "+01:00")
+}
+
 async fn restore_to_time_takes_a_live_cluster_back_to_that_moment(etcd: Etcd) {
     let store = tempfile::tempdir().unwrap();
     let mut set = formed(etcd, store.path()).await;
@@ -259,9 +265,9 @@ async fn restore_to_time_takes_a_live_cluster_back_to_that_moment(etcd: Etcd) {
     // The late writes archived too: the archive reaches past the moment.
     let after = format!("--to-time={}", rfc3339(SystemTime::now()));
     planned_once_archived(&set, &after).await;
-    let to = format!("--to-time={}", rfc3339(moment));
+    let to = format!("--to-time={}", rfc3339_one_hour_east(moment));
     let plan = planned_once_archived(&set, &to).await;
-    assert_eq!(plan["to"]["time"], rfc3339(moment));
+    assert_eq!(plan["to"]["time"], rfc3339(moment), "the moment, in UTC");
     assert!(plan["point"].as_str().unwrap().contains("+t"), "{plan}");
 
     restored_to(&mut set, &to, &expected, served).await;

@@ -184,12 +184,7 @@ async fn point_of(args: &SnapshotRestoreArgs, backups: &Backups) -> Result<Strin
     let wanted = match (&args.snapshot, args.to_revision, args.to_time) {
         (Some(name), _, _) => return Ok(name.clone()),
         (None, Some(n), _) => RestoreWanted::Revision(n),
-        (None, None, Some(t)) => RestoreWanted::Time(
-            t.duration_since(std::time::UNIX_EPOCH)
-                .ok()
-                .and_then(|d| u64::try_from(d.as_millis()).ok())
-                .ok_or("--to-time must be after 1970")?,
-        ),
+        (None, None, Some(unix_ms)) => RestoreWanted::Time(unix_ms),
         (None, None, None) => {
             return Err("restore needs --snapshot, --to-revision or --to-time".into())
         }

@@ -82,16 +82,10 @@ impl BackupArgs {
                 }
             },
             Some(r) if r.starts_with("time:") => {
-                match humantime::parse_rfc3339(&r["time:".len()..])
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .and_then(|d| u64::try_from(d.as_millis()).ok())
-                {
-                    Some(ms) if ms > 0 => RestoreChoice::Time(ms),
-                    _ => {
-                        problems.push(format!(
-                        "--restore time:T needs an RFC 3339 UTC time such as time:2026-11-27T10:01:59Z, got {r:?}"
-                    ));
+                match crate::units::parse_moment(&r["time:".len()..]) {
+                    Ok(ms) => RestoreChoice::Time(ms),
+                    Err(why) => {
+                        problems.push(format!("--restore time:T {why}"));
                         RestoreChoice::Never
                     }
                 }

@@ -387,10 +387,11 @@ pub struct SnapshotRestoreArgs {
     /// with the archive replayed onto it up to it.
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub to_revision: Option<i64>,
-    /// Take the cluster back to this moment (RFC 3339, UTC: 2026-11-27T10:01:59Z): the last
-    /// revision archived at or before it.
-    #[arg(long, value_parser = humantime::parse_rfc3339)]
-    pub to_time: Option<std::time::SystemTime>,
+    /// Take the cluster back to this moment (RFC 3339 with its offset: 2026-11-27T10:01:59Z,
+    /// 2026-11-27T11:01:59+01:00): the last revision archived at or before it. Unix
+    /// milliseconds.
+    #[arg(long, value_parser = crate::units::parse_moment)]
+    pub to_time: Option<u64>,
     /// Carry the plan out and follow it until the restored cluster serves.
     #[arg(long)]
     pub yes: bool,

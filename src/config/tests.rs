@@ -485,10 +485,20 @@ fn restore_to_a_time_is_the_moment_in_unix_milliseconds_and_a_time_without_zone_
         b.restore,
         crate::backup::RestoreChoice::Time(1_795_773_719_250)
     );
+    // The same moment with the offset `date -Iseconds` prints in another zone.
+    let b = with("time:2026-11-27T11:01:59+01:00")
+        .unwrap()
+        .backup
+        .unwrap();
+    assert_eq!(
+        b.restore,
+        crate::backup::RestoreChoice::Time(1_795_773_719_000)
+    );
     for bad in ["time:yesterday", "time:2026-11-27 10:01:59", "time:"] {
         let e = with(bad).unwrap_err();
         assert!(
-            e.problems[0].contains("time:2026-11-27T10:01:59Z"),
+            e.problems[0].starts_with("--restore time:T needs an RFC 3339 time with its offset")
+                && e.problems[0].contains("2026-11-27T10:01:59Z"),
             "{bad}: {e}"
         );
     }
