@@ -172,13 +172,8 @@ impl Backups {
         }
     }
 
-    /// The sidecar's periodic step: when this member leads and a snapshot is due (by the
-    /// store's newest one), take it from `source` (the local member) and apply retention;
-    /// then drill the newest verified snapshot if it has not been drilled, and (archiving
-    /// on) the archive continuing the one before it if not drilled yet. A follower makes
-    /// no call at all; a leader lists the store's manifests (one GET each) every call, so
-    /// call it every 10–30 s, not every loop turn.
-    /// Updates `metrics`; a failed snapshot is counted and retried at the next tick.
+    /// The sidecar's periodic round whole: [`Self::take_due`], then [`Self::drill_due`] (the
+    /// sidecar runs the halves itself, to tell the archive between them).
     pub async fn tick<S: SnapshotSource>(
         &self,
         source: &S,
@@ -186,9 +181,29 @@ impl Backups {
         now: SystemTime,
         metrics: &mut BackupMetrics,
     ) -> Result<TickReport, StoreError> {
+        let (mut report, manifests) = self.take_due(source, is_leader, now, metrics).await?;
+        self.drill_due(source, is_leader, &manifests, now, metrics, &mut report)
+            .await?;
+        Ok(report)
+    }
+
+    /// The sidecar's periodic round, first half: when this member leads and a snapshot is
+    /// due (by the store's newest one), take it from `source` (the local member) and apply
+    /// retention. Returns what it did (`newest_verified`: what the cluster could be
+    /// restored from now) and the store's manifests, for [`Self::drill_due`]. A follower
+    /// makes no call at all; a leader lists the store's manifests (one GET each) every
+    /// call, so call it every 10–30 s, not every loop turn. Updates `metrics`; a failed
+    /// snapshot is counted and retried at the next round.
+    pub async fn take_due<S: SnapshotSource>(
+        &self,
+        source: &S,
+        is_leader: bool,
+        now: SystemTime,
+        metrics: &mut BackupMetrics,
+    ) -> Result<(TickReport, Vec<Manifest>), StoreError> {
         let mut report = TickReport::default();
         if !is_leader {
-            return Ok(report);
+            return Ok((report, Vec::new()));
         }
         let mut manifests = match self.list().await {
             Ok(m) => m,
@@ -219,7 +234,24 @@ impl Backups {
             manifests = self.list().await?;
         }
         report.newest_verified = manifests.iter().find(|m| m.verified).cloned();
-        if let Some(m) = schedule::should_drill(is_leader, &manifests) {
+        Ok((report, manifests))
+    }
+
+    /// The round's second half, after [`Self::take_due`] (its `manifests`): drill the
+    /// newest verified snapshot if it has not been drilled, and (archiving on) the archive
+    /// continuing the one before it if not drilled yet, into `report`. A drill runs a
+    /// throw-away etcd and can take minutes on a large database: the archive does not wait
+    /// for it (`sidecar::plan::archive`).
+    pub async fn drill_due<S: SnapshotSource>(
+        &self,
+        source: &S,
+        is_leader: bool,
+        manifests: &[Manifest],
+        now: SystemTime,
+        metrics: &mut BackupMetrics,
+        report: &mut TickReport,
+    ) -> Result<(), StoreError> {
+        if let Some(m) = schedule::should_drill(is_leader, manifests) {
             match drill::drill(&self.store, m, &self.drill, source, now).await {
                 Ok(outcome) => {
                     metrics.drilled(&outcome, now);
@@ -235,8 +267,8 @@ impl Backups {
             }
         }
         let archiving = self.config.archive_interval.is_some();
-        if let Some(m) = schedule::should_drill_archive(is_leader, archiving, &manifests) {
-            match drill::drill_archive(&self.store, m, &manifests, &self.drill, source, now).await {
+        if let Some(m) = schedule::should_drill_archive(is_leader, archiving, manifests) {
+            match drill::drill_archive(&self.store, m, manifests, &self.drill, source, now).await {
                 Ok(a) => {
                     metrics.archive_drilled(&a, true);
                     if a.passed {
@@ -255,6 +287,6 @@ impl Backups {
                 }
             }
         }
-        Ok(report)
+        Ok(())
     }
 }

@@ -61,9 +61,11 @@ impl BackupRounds {
         })
     }
 
-    /// Starts one round in its own task.
+    /// Starts one round in its own task. Once its snapshot step is done (before its
+    /// drills), it says so ([`RoundEnd::Stored`]); then how it ended.
     pub fn start(&self) {
-        let round = tokio::spawn(round(self.backups.clone(), self.target.clone()));
+        let stored = self.ended_tx.clone();
+        let round = tokio::spawn(round(self.backups.clone(), self.target.clone(), stored));
         let tx = self.ended_tx.clone();
         tokio::spawn(async move {
             let end = match round.await {
@@ -129,6 +131,8 @@ impl BackupRounds {
         let error = match end {
             RoundEnd::Failed { error, .. } => Some(error),
             RoundEnd::Ran { take_error, .. } => take_error.as_ref(),
+            // Said again, with its drills, when the round ends.
+            RoundEnd::Stored { .. } => return,
             RoundEnd::Requested { request, taken } => {
                 match taken {
                     Ok((time, revision)) => {
@@ -202,8 +206,14 @@ async fn snapshot(
     taken
 }
 
-/// One round: connect to the local member, then `Backups::tick` as leader.
-async fn round(backups: Result<Backups, String>, target: EtcdTarget) -> RoundReport {
+/// One round: connect to the local member, then as leader `Backups::take_due`, said on
+/// `stored` at once (the archive waits for it, not for the drills), then
+/// `Backups::drill_due`.
+async fn round(
+    backups: Result<Backups, String>,
+    target: EtcdTarget,
+    stored: mpsc::UnboundedSender<RoundReport>,
+) -> RoundReport {
     let mut metrics = BackupMetrics::default();
     let started = tokio::time::Instant::now();
     let backups = match backups {
@@ -214,11 +224,25 @@ async fn round(backups: Result<Backups, String>, target: EtcdTarget) -> RoundRep
         Ok(s) => s,
         Err(e) => return failed(metrics, started.elapsed(), e.to_string()),
     };
+    let now = SystemTime::now();
+    let (mut report, manifests) = match backups.take_due(&source, true, now, &mut metrics).await {
+        Ok(taken) => taken,
+        Err(e) => return failed(metrics, started.elapsed(), e.to_string()),
+    };
+    let _ = stored.send(RoundReport {
+        end: RoundEnd::Stored {
+            newest_verified: report
+                .newest_verified
+                .as_ref()
+                .map(|m| (m.time_unix, m.revision)),
+        },
+        metrics: BackupMetrics::default(),
+    });
     match backups
-        .tick(&source, true, SystemTime::now(), &mut metrics)
+        .drill_due(&source, true, &manifests, now, &mut metrics, &mut report)
         .await
     {
-        Ok(report) => {
+        Ok(()) => {
             // Retention follows the snapshots: after the snapshots' (which runs after each
             // attempt), the archive segments wholly before the oldest kept snapshot.
             if report.taken.is_some() || report.take_error.is_some() {

@@ -4,9 +4,11 @@
 //! of the last archived revision, or the store's segments and snapshots), so a change of
 //! leader leaves no gap: the first round of each term reads the store (`from_store`).
 //!
-//! The first round of a term waits for this leader's first backup round to end: on a new
-//! cluster that round takes the first snapshot, which the archive then continues, instead
-//! of both rounds taking one at once.
+//! The first round of a term waits for this leader's first backup round to store its
+//! snapshot: on a new cluster that round takes the first snapshot, which the archive then
+//! continues, instead of both rounds taking one at once. Not for the round's drills (a
+//! throw-away etcd, minutes on a large database): a new leader's archive would fall that
+//! far behind, and every volume lost meanwhile would lose those writes.
 
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ pub struct Archive {
     every: Duration,
     in_flight: bool,
     last_start: Option<Instant>,
-    /// A backup round ended since this member leads.
+    /// A backup round stored its snapshot (or ended) since this member leads.
     backup_ended: bool,
     /// The next round is the first of this term: it reads the store.
     from_store: bool,
@@ -173,6 +175,33 @@ mod tests {
         assert!(run(&mut p, &seen(t2 + EVERY, ME)).is_empty());
         assert_eq!(
             run(&mut p, &backup_ended(seen(t2 + EVERY, ME))),
+            vec![Step::ArchiveRound { from_store: true }]
+        );
+    }
+
+    #[test]
+    fn a_new_leader_archives_once_its_backup_round_stored_its_snapshot_not_after_the_drills() {
+        use super::super::backup::Backup;
+        let t0 = Instant::now();
+        let (mut backup, mut archive) =
+            (Backup::new(Duration::from_secs(1800)), Archive::new(EVERY));
+        let leads = seen(t0, ME);
+        let rounds = backup.plan(&leads);
+        assert_eq!(rounds, vec![Step::BackupRound]);
+        backup.learn(&Outcome::Done(Step::BackupRound));
+        assert!(
+            run(&mut archive, &leads).is_empty(),
+            "waits for the snapshot step"
+        );
+        // The round's snapshot step is done; its drills run on (the round is still in flight).
+        let mut stored = seen(t0 + Duration::from_secs(1), ME);
+        stored.backup_rounds = vec![RoundEnd::Stored {
+            newest_verified: Some((1, 5)),
+        }];
+        assert!(backup.plan(&stored).is_empty(), "the round still drills");
+        assert!(backup.in_flight());
+        assert_eq!(
+            run(&mut archive, &stored),
             vec![Step::ArchiveRound { from_store: true }]
         );
     }

@@ -49,11 +49,12 @@ impl Backup {
 
 impl Planner for Backup {
     fn plan(&mut self, seen: &Observation) -> Vec<Step> {
-        // A snapshot asked for before a risky act is not a round.
+        // A snapshot asked for before a risky act is not a round, and a round whose
+        // snapshot step is done still drills.
         if seen
             .backup_rounds
             .iter()
-            .any(|r| !matches!(r, RoundEnd::Requested { .. }))
+            .any(|r| matches!(r, RoundEnd::Ran { .. } | RoundEnd::Failed { .. }))
         {
             self.in_flight = false;
         }

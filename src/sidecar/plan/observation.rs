@@ -180,6 +180,10 @@ pub enum RoundEnd {
     /// The round could not run to its end (etcd or the store unreachable, …); the error, as
     /// logged.
     Failed { error: String },
+    /// The round's snapshot step is done (a snapshot taken if one was due, retention
+    /// applied) and its drills run on: the store's newest verified snapshot, as in `Ran`.
+    /// The same round still ends as `Ran` or `Failed`.
+    Stored { newest_verified: Option<(u64, i64)> },
     /// A snapshot asked for by [`Step::SnapshotNow`] (not a round): its Unix time and
     /// revision once stored and verified, or why not.
     Requested {
