@@ -90,7 +90,7 @@ pub enum BackupError {
     Unverified(Box<Manifest>),
 }
 
-/// What one [`Backups::tick`] did.
+/// What one round ([`Backups::tick`], or its halves `take_due` and `drill_due`) did.
 #[derive(Debug, Default)]
 pub struct TickReport {
     pub taken: Option<Manifest>,

@@ -1,4 +1,4 @@
-//! The backup executor: rounds in the background, and the metrics they report. the executor starts one (`Backups::tick` through a
+//! The backup executor: rounds in the background, and the metrics they report. The executor starts one (`Backups::take_due`, then `drill_due`, through a
 //! fresh connection to the local member) in its own task, so a round that streams a large
 //! snapshot or runs the drill's throw-away etcd for minutes never holds up the loop
 //! (`/healthz`, `/ready`); the loop drains the rounds that ended into the next observation.
