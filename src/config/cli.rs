@@ -388,8 +388,8 @@ pub struct SnapshotRestoreArgs {
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub to_revision: Option<i64>,
     /// Take the cluster back to this moment (RFC 3339 with its offset: 2026-11-27T10:01:59Z,
-    /// 2026-11-27T11:01:59+01:00): the last revision archived at or before it. Unix
-    /// milliseconds.
+    /// 2026-11-27T11:01:59+01:00): the last revision archived at or before it.
+    // Held as Unix milliseconds.
     #[arg(long, value_parser = crate::units::parse_moment)]
     pub to_time: Option<u64>,
     /// Carry the plan out and follow it until the restored cluster serves.
