@@ -141,6 +141,45 @@ async fn an_api_that_refuses_or_hangs_delays_no_post_and_is_counted() {
     assert!(failed.get() >= 1000 - 257, "counted: {}", failed.get());
 }
 
+/// An act posted while the API fails (its etcd being the one restored, a 500, a restart)
+/// is not lost: the Event is created under its name once the API answers again, and it is
+/// created once.
+#[tokio::test]
+async fn an_event_the_api_did_not_take_is_created_once_the_api_answers() {
+    let api = api().await;
+    api.refuse_events(Some(500));
+    let failed = Counter::default();
+    let events = events_to(&api, &failed);
+    events.post(
+        Reason::RestoredFromBackup,
+        "restored from snapshot etcd-1-000042 while the API was down",
+    );
+    wait_for(Duration::from_secs(10), "the first refusal", || async {
+        failed.get() >= 1
+    })
+    .await;
+    assert!(api.events().is_empty());
+    // Still refused at the first retry (after 1 s): tried again later, not given up.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(failed.get() >= 2, "retried while refused: {}", failed.get());
+    api.refuse_events(None);
+    wait_for(
+        Duration::from_secs(15),
+        "the Event created after the API came back",
+        || async { api.events().len() == 1 },
+    )
+    .await;
+    // Nothing more is queued: it stays one Event, never a second copy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = api.events();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0]["reason"], "RestoredFromBackup");
+    assert_eq!(
+        got[0]["note"],
+        "restored from snapshot etcd-1-000042 while the API was down"
+    );
+}
+
 async fn api_silent() -> FakeKube {
     let api = api().await;
     api.set_silent(true);
