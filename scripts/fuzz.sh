@@ -7,6 +7,9 @@ seconds=${FUZZ_SECONDS:-20}
 command -v cargo-fuzz >/dev/null || cargo install --locked --quiet cargo-fuzz
 export RUSTC_BOOTSTRAP=1
 cd fuzz
+# Its own target directory (its flags differ from the test build's, which they would
+# otherwise rebuild): FUZZ_TARGET_DIR (CI keeps it outside the checkout), else fuzz/target.
+export CARGO_TARGET_DIR=${FUZZ_TARGET_DIR:-target}
 for target in peer_report wal_metadata config; do
   # Fuzz into a scratch copy so CI does not grow the committed corpus.
   work=$(mktemp -d)

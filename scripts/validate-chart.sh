@@ -39,7 +39,7 @@ cd "$repo"
 KUBE_VERSIONS=${KUBE_VERSIONS:-"1.29.0 1.37.0"}
 chart=charts/etcd-steward
 out=target/validate-chart
-tools=target/chart-tools
+tools=${CHART_TOOLS_DIR:-target/chart-tools}
 
 die() { printf 'validate-chart: %s\n' "$*" >&2; exit 1; }
 
