@@ -210,6 +210,18 @@ mod tests {
     }
 
     #[test]
+    fn the_newest_verified_snapshot_is_kept_even_when_its_listing_looks_torn() {
+        // When in doubt, keep: a size the listing reports otherwise than the manifest may be
+        // the store's, not the snapshot's; the restore checks the bytes themselves.
+        let (torn, mut short) = whole(m("c", true));
+        if let Some(o) = short.as_mut() {
+            o.size = 3;
+        }
+        let ms = vec![whole(m("d", false)), (torn, short), whole(m("b", true))];
+        assert_eq!(plan_prune(&ms, &[], 1), Vec::<String>::new());
+    }
+
+    #[test]
     fn a_newer_upload_that_never_got_its_manifest_lets_no_snapshot_go() {
         let ms = all_whole([m("b", true), m("a", true)]);
         let objects = [
