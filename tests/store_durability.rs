@@ -4,7 +4,7 @@
 //! publishes it, and its directory after; every directory the store creates is fsynced, and
 //! so is the one that received its entry. And retention, against a `file://` store, never
 //! lets the last good snapshot go on the strength of a newer one whose upload or
-//! verification failed or whose object is gone.
+//! verification failed, whose object is gone, or that is not drilled yet.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -304,7 +304,7 @@ async fn listed(store: &Store) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn retention_keeps_the_last_good_snapshot_when_newer_ones_failed_their_upload_or_their_trailer_or_lost_their_object(
+async fn retention_keeps_the_last_good_snapshot_while_newer_ones_failed_their_upload_or_trailer_lost_their_object_or_await_their_drill(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let store = file_store(dir.path());
@@ -350,10 +350,36 @@ async fn retention_keeps_the_last_good_snapshot_when_newer_ones_failed_their_upl
         "the last good snapshot's object went"
     );
 
-    // A newer good one: only then does the old one go.
+    // A newer good one, not drilled yet (the round prunes before it drills): the last one
+    // drilled stays until the newer one passes its drill, and only then goes.
     let newer = snapshot::take(&FakeSource::new(b"newer database", 14), &store, at(40))
+        .await
+        .unwrap();
+    snapshot::write_manifest(&store, &drilled(good.clone()))
+        .await
+        .unwrap();
+    catalog::prune(&store, 1).await.unwrap();
+    assert_eq!(
+        listed(&store).await,
+        [newer.name.clone(), good.name.clone()]
+    );
+    snapshot::write_manifest(&store, &drilled(newer.clone()))
         .await
         .unwrap();
     catalog::prune(&store, 1).await.unwrap();
     assert_eq!(listed(&store).await, [newer.name]);
+}
+
+/// `m` with a restore drill that passed.
+fn drilled(mut m: manifest::Manifest) -> manifest::Manifest {
+    m.drill = Some(manifest::DrillRecord {
+        time: String::new(),
+        time_unix: 0,
+        passed: true,
+        restored_revision: Some(m.revision),
+        hash_check: "match".into(),
+        detail: "restored and compared".into(),
+        archive: None,
+    });
+    m
 }

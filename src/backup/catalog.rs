@@ -51,11 +51,18 @@ pub fn restorable(m: &Manifest, object: Option<&Entry>) -> bool {
     m.verified && object.is_some_and(|o| o.size == m.size)
 }
 
+/// Whether snapshot `m`'s stored bytes have been read back and restored: verified, and its
+/// last restore drill passed. Until a newer snapshot is, the last one that was stays.
+pub fn proven(m: &Manifest) -> bool {
+    m.verified && m.drill.as_ref().is_some_and(|d| d.passed)
+}
+
 /// The objects retention removes, manifests before their snapshot (so a half-done
 /// deletion leaves an orphan snapshot, which the next pass removes):
-/// - snapshots beyond the `keep` newest, except the newest verified one and the newest
-///   [`restorable`] one: a newer snapshot whose upload or verification failed, or whose
-///   object is gone or torn, never lets the last good one go;
+/// - snapshots beyond the `keep` newest, except the newest verified one, the newest
+///   [`restorable`] one and the newest [`proven`] one: a newer snapshot whose upload or
+///   verification failed, whose object is gone or torn, or that is not drilled yet (the
+///   round prunes before it drills) never lets the last good one go;
 /// - snapshots without a manifest (incomplete uploads) older than the newest manifest,
 ///   so an upload still in progress is left alone.
 ///
@@ -67,17 +74,20 @@ pub fn plan_prune(
     objects: &[String],
     keep: usize,
 ) -> Vec<String> {
-    let newest_verified = stored
-        .iter()
-        .find(|(m, _)| m.verified)
-        .map(|(m, _)| &m.name);
-    let newest_restorable = stored
-        .iter()
-        .find(|(m, o)| restorable(m, o.as_ref()))
-        .map(|(m, _)| &m.name);
+    let newest = |good: &dyn Fn(&Manifest, Option<&Entry>) -> bool| {
+        stored
+            .iter()
+            .find(|(m, o)| good(m, o.as_ref()))
+            .map(|(m, _)| m.name.as_str())
+    };
+    let kept = [
+        newest(&|m, _| m.verified),
+        newest(&restorable),
+        newest(&|m, _| proven(m)),
+    ];
     let mut out = Vec::new();
     for (m, _) in stored.iter().skip(keep.max(1)) {
-        if Some(&m.name) == newest_verified || Some(&m.name) == newest_restorable {
+        if kept.contains(&Some(m.name.as_str())) {
             continue;
         }
         out.push(m.json_object());
@@ -221,6 +231,46 @@ mod tests {
         assert_eq!(plan_prune(&ms, &[], 1), Vec::<String>::new());
     }
 
+    fn drilled(mut m: Manifest, passed: bool) -> Manifest {
+        m.drill = Some(manifest::DrillRecord {
+            time: String::new(),
+            time_unix: 0,
+            passed,
+            restored_revision: Some(1),
+            hash_check: "match".into(),
+            detail: String::new(),
+            archive: None,
+        });
+        m
+    }
+
+    #[test]
+    fn a_newer_snapshot_not_drilled_yet_or_failing_its_drill_never_lets_the_last_drilled_one_go() {
+        // The round prunes before it drills: d is not drilled yet, c failed its drill (not
+        // for corrupt bytes, so still verified), b passed.
+        let ms = all_whole([
+            m("d", true),
+            drilled(m("c", true), false),
+            drilled(m("b", true), true),
+            drilled(m("a", true), true),
+        ]);
+        assert_eq!(
+            plan_prune(&ms, &[], 1),
+            [
+                "snapshots/c.json",
+                "snapshots/c.db",
+                "snapshots/a.json",
+                "snapshots/a.db"
+            ]
+        );
+        let ms = all_whole([drilled(m("d", true), true), drilled(m("b", true), true)]);
+        assert_eq!(
+            plan_prune(&ms, &[], 1),
+            ["snapshots/b.json", "snapshots/b.db"],
+            "once the newer one passed its drill, the older one goes"
+        );
+    }
+
     #[test]
     fn a_newer_upload_that_never_got_its_manifest_lets_no_snapshot_go() {
         let ms = all_whole([m("b", true), m("a", true)]);
@@ -256,15 +306,20 @@ mod tests {
     }
 
     /// A store's snapshots, newest first: each verified or not, its object whole, short or
-    /// missing.
+    /// missing, drilled (passed or failed) or not.
     fn stores() -> impl Strategy<Value = Vec<(Manifest, Option<Entry>)>> {
-        proptest::collection::vec((any::<bool>(), 0u8..3), 0..8).prop_map(|shapes| {
+        let shape = (any::<bool>(), 0u8..3, proptest::option::of(any::<bool>()));
+        proptest::collection::vec(shape, 0..8).prop_map(|shapes| {
             let n = shapes.len();
             shapes
                 .into_iter()
                 .enumerate()
-                .map(|(i, (verified, object))| {
-                    let (m, entry) = whole(m(&format!("s{:02}", n - i), verified));
+                .map(|(i, (verified, object, drill))| {
+                    let mut m = m(&format!("s{:02}", n - i), verified);
+                    if let Some(passed) = drill {
+                        m = drilled(m, passed);
+                    }
+                    let (m, entry) = whole(m);
                     let entry = match object {
                         0 => entry,
                         1 => entry.map(|e| Entry { size: 1, ..e }),
@@ -278,7 +333,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn retention_never_leaves_fewer_than_one_restorable_snapshot(
+        fn retention_never_leaves_fewer_than_one_restorable_and_one_proven_snapshot(
             stored in stores(),
             keep in 0usize..4,
         ) {
@@ -289,13 +344,13 @@ mod tests {
                 })
                 .collect();
             let plan = plan_prune(&stored, &objects, keep);
-            let had = stored.iter().any(|(m, o)| restorable(m, o.as_ref()));
-            let left = stored.iter().any(|(m, o)| {
-                restorable(m, o.as_ref())
-                    && !plan.contains(&m.json_object())
-                    && !plan.contains(&m.db_object())
-            });
-            prop_assert_eq!(had, left, "plan {:?}", plan);
+            let gone = |m: &Manifest| plan.contains(&m.json_object()) || plan.contains(&m.db_object());
+            let restorable_before = stored.iter().any(|(m, o)| restorable(m, o.as_ref()));
+            let restorable_after = stored.iter().any(|(m, o)| restorable(m, o.as_ref()) && !gone(m));
+            prop_assert_eq!(restorable_before, restorable_after, "plan {:?}", plan);
+            let proven_before = stored.iter().any(|(m, _)| proven(m));
+            let proven_after = stored.iter().any(|(m, _)| proven(m) && !gone(m));
+            prop_assert_eq!(proven_before, proven_after, "plan {:?}", plan);
             let kept = stored
                 .iter()
                 .filter(|(m, _)| !plan.contains(&m.json_object()))
