@@ -64,10 +64,12 @@ const CORRUPT_GENERATOR: u32 = 5;
 /// A generator-5 seed CI replays on etcd 3.5 (latest).
 const FIXED_CORRUPT_SEED: u64 = 3;
 
-/// Generator-3 seeds CI replays on etcd 3.5.1 (`ETCD_3_5_BIN` runs them on another
-/// release): every volume lost; a majority lost and `recover --yes`; a majority lost and
-/// the sidecars' own recovery.
-const FIXED_DISASTER_SEEDS: &[u64] = &[2, 12, 13];
+/// Generator-3 seeds CI replays, each on one release: every volume lost, on etcd 3.5.30,
+/// whose etcdutl jumps the revision (so the restore is checked for a revision that goes
+/// backwards); a majority lost and `recover --yes`, and a majority lost and the sidecars'
+/// own recovery, on 3.5.1 (`ETCD_3_5_BIN` runs those on another release).
+const FIXED_DISASTER_SEEDS: &[(u64, Etcd)] =
+    &[(2, Etcd::V3_5Current), (12, Etcd::V3_5), (13, Etcd::V3_5)];
 
 /// A generator-4 seed CI replays on etcd 3.5.1: the wrong key first.
 const FIXED_KEY_SEED: u64 = 1;
@@ -117,6 +119,32 @@ async fn play(schedule: Schedule, etcd: Etcd) -> (chaos::Outcome, Option<String>
     });
     set.shutdown().await;
     (outcome, failure)
+}
+
+/// The disaster checks decide from the release under test whether a restore must jump the
+/// revision, never from a `--help` text: the rule agrees with what each offline tool here
+/// can do (etcdutl 3.5.30 jumps; 3.5.1's etcdutl and 3.4.23's etcdctl do not).
+#[test]
+fn the_revision_jump_is_expected_exactly_from_the_releases_whose_tool_can_make_it() {
+    let mut expected = Vec::new();
+    for etcd in [Etcd::V3_5Current, Etcd::V3_5, Etcd::V3_4] {
+        let release = harness::etcd::release(&etcd.bin());
+        let rule = harness::etcd::release_can_jump(release);
+        assert_eq!(
+            rule,
+            harness::etcd::tool_can_jump(&etcd.offline_tool()),
+            "{etcd:?} is {release:?}"
+        );
+        expected.push(rule);
+    }
+    // CI's disaster seeds restore on a release that jumps.
+    assert!(expected[0], "etcd 3.5.30's restore jumps the revision");
+    assert!(FIXED_DISASTER_SEEDS
+        .iter()
+        .any(|(seed, etcd)| *etcd == Etcd::V3_5Current
+            && schedule_of(DISASTER_GENERATOR, *seed)
+                .disaster
+                .is_some_and(|d| d.restores())));
 }
 
 /// The partition fault itself: a cut pod loses its peers (no leader, no linearizable read)
@@ -250,9 +278,10 @@ async fn fixed_seeds_lose_no_acknowledged_write_and_split_no_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_disaster_seeds_lose_no_acknowledged_write() {
     let mut struck = Vec::new();
-    for seed in FIXED_DISASTER_SEEDS {
+    let mut jump_checked = false;
+    for (seed, etcd) in FIXED_DISASTER_SEEDS {
         let started = std::time::Instant::now();
-        let (o, failure) = play(schedule_of(DISASTER_GENERATOR, *seed), Etcd::V3_5).await;
+        let (o, failure) = play(schedule_of(DISASTER_GENERATOR, *seed), *etcd).await;
         if let Some(f) = failure {
             panic!("{f}");
         }
@@ -262,7 +291,7 @@ async fn fixed_disaster_seeds_lose_no_acknowledged_write() {
             "seed {seed}: writes acknowledged before the disaster and after it"
         );
         eprintln!(
-            "seed {seed} ({}): {} in {:?}; {} writes before it, {} had to survive; backups {:?}; recoveries {:?}; HashKV {:x?} at revision {}; revision jump checked: {}",
+            "seed {seed} on {etcd:?} ({}): {} in {:?}; {} writes before it, {} had to survive; backups {:?}; recoveries {:?}; HashKV {:x?} at revision {}; revision jump checked: {}",
             d.disaster,
             o.tsv_line(),
             started.elapsed(),
@@ -274,8 +303,13 @@ async fn fixed_disaster_seeds_lose_no_acknowledged_write() {
             d.hash_revision,
             d.bump_checked
         );
+        jump_checked |= d.disaster.restores() && d.bump_checked;
         struck.push(d.disaster.clone());
     }
+    assert!(
+        jump_checked,
+        "no fixed disaster seed restored on a release whose restore jumps the revision: the revision was never checked"
+    );
     use harness::disaster::Disaster;
     assert!(
         struck.contains(&Disaster::LoseEveryVolume)
@@ -351,15 +385,13 @@ async fn a_fixed_seed_with_a_value_corrupted_on_disk_is_healed_by_the_agent() {
         Some(pod),
         "the agent rebuilt the corrupted member"
     );
-    let healed = o
-        .played
-        .iter()
-        .find(|e| matches!(e.fault, chaos::Fault::CorruptValue(_)))
-        .map(|e| e.lasts);
     eprintln!(
-        "seed {FIXED_CORRUPT_SEED}: {} in {:?}; the value of write {write:?} corrupted on pod {pod}, every pod serving written values alone {healed:?} after",
+        "seed {FIXED_CORRUPT_SEED}: {} in {:?}; the value of write {write:?} corrupted on pod {pod}, every pod serving written values alone {:?} after; its etcd stopped during the rebuild at {:?}; longest unexplained refusal {:?}",
         o.tsv_line(),
-        started.elapsed()
+        started.elapsed(),
+        o.healed_after,
+        o.rebuild_stops,
+        o.unexplained()
     );
 }
 

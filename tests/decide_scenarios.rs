@@ -2091,6 +2091,10 @@ fn own_dns_unpublished_does_not_hold_back_a_bootstrap_prepare() {
 
 mod invariants {
     use super::*;
+    use etcd_steward::facts::hashes::{
+        judge, Answered, Divergence, HashAnswer, HashCheck, HashGroup, HashRound, Verdict,
+    };
+    use etcd_steward::facts::rebuild::RebuildRequest;
     use proptest::prelude::*;
     use std::cmp::Reverse;
 
@@ -2433,13 +2437,242 @@ mod invariants {
             })
     }
 
-    /// Any facts: mostly anything at all, and some formations and recoveries under way
-    /// (which random facts rarely get as far as a start or a forced start).
+    /// A rebuild request before it is tied to a set's facts: whom it names (0–5: this
+    /// volume's member; 6: another voter it counted; 7: a member the cluster never listed),
+    /// which voters its check counted (0–4: the voters listed now; 5: those and a voter
+    /// since removed; 6: those but one, which joined since: a stale proof), each counted
+    /// voter's answer (0–3: the majority's hash 7; 4: hash 9; 5: hash 8; 6: silent; 7: hash
+    /// 7 from another compacted revision; the named member's own answer is drawn from
+    /// those with 9 likelier), whether its verdict is forged (it claims the named member
+    /// diverged against hash 7, whatever its answers give), and whether a non-voter's and a
+    /// second answer of the named member (the majority's hash) ride along.
+    #[derive(Debug, Clone)]
+    struct RawRebuild {
+        whom: u8,
+        counted: u8,
+        answers: Vec<u8>,
+        own: u8,
+        forged: bool,
+        extra: bool,
+    }
+
+    fn raw_rebuild() -> impl Strategy<Value = RawRebuild> {
+        (
+            0u8..8,
+            0u8..7,
+            prop::collection::vec(0u8..8, 6),
+            prop_oneof![4 => Just(4u8), 1 => 0u8..8],
+            prop::bool::weighted(0.15),
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(|(whom, counted, answers, own, forged, extra)| RawRebuild {
+                whom,
+                counted,
+                answers,
+                own,
+                forged,
+                extra,
+            })
+    }
+
+    /// The voters `cluster` lists now (none when no cluster answered).
+    fn voters_now(cluster: &ClusterFacts) -> Vec<u64> {
+        match cluster {
+            ClusterFacts::Healthy(v) => v
+                .members
+                .iter()
+                .filter(|m| !m.is_learner)
+                .map(|m| m.id)
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    /// `raw` tied to `f`: a request about this volume's member (or another), proven or not
+    /// by a check of the voters `f`'s cluster lists (or others), held by this pod's sidecar.
+    fn tie_rebuild(f: &Facts, raw: &RawRebuild) -> RebuildRequest {
+        let own = f
+            .data
+            .wal_identity()
+            .map_or(0xa0 + u64::from(f.ordinal), |w| w.member_id);
+        let now = voters_now(&f.cluster);
+        let mut counted = match raw.counted {
+            5 => now.iter().copied().chain([0xc9]).collect(),
+            6 => {
+                let mut c = now.clone();
+                if let Some(i) = c.iter().position(|v| *v != own) {
+                    c.remove(i);
+                }
+                c
+            }
+            _ => now.clone(),
+        };
+        if counted.is_empty() {
+            counted = vec![0xa0, 0xa1, 0xa2];
+        }
+        let member = match raw.whom {
+            6 => counted.iter().copied().find(|v| *v != own).unwrap_or(own),
+            7 => 0xdd,
+            _ => own,
+        };
+        let answer = |m: u64, choice: u8| HashAnswer {
+            member: m,
+            got: match choice {
+                0..=3 => Answered::Hash {
+                    hash: 7,
+                    compact_revision: 2,
+                },
+                4 => Answered::Hash {
+                    hash: 9,
+                    compact_revision: 2,
+                },
+                5 => Answered::Hash {
+                    hash: 8,
+                    compact_revision: 2,
+                },
+                6 => Answered::NoAnswer {
+                    error: "deadline exceeded".into(),
+                },
+                _ => Answered::Hash {
+                    hash: 7,
+                    compact_revision: 3,
+                },
+            },
+        };
+        let mut answers: Vec<HashAnswer> = counted
+            .iter()
+            .zip(raw.answers.iter().cycle())
+            .map(|(v, c)| answer(*v, if *v == member { raw.own } else { *c }))
+            .collect();
+        if raw.extra {
+            answers.push(answer(0xb7, 0));
+            answers.push(answer(member, 0));
+        }
+        let verdict = if raw.forged {
+            let mut voters = counted.clone();
+            voters.sort_unstable();
+            Verdict::Diverged(Divergence {
+                revision: 40,
+                compact_revision: 2,
+                majority_hash: 7,
+                agreeing: voters.iter().copied().filter(|v| *v != member).collect(),
+                voters,
+                diverged: vec![HashGroup {
+                    hash: 9,
+                    members: vec![member],
+                }],
+                silent: vec![],
+            })
+        } else {
+            judge(&HashRound {
+                revision: 40,
+                voters: counted,
+                answers: answers.clone(),
+            })
+        };
+        RebuildRequest::new(
+            member,
+            HashCheck {
+                at: 1_800_000_000,
+                checker: 0xa0,
+                verdict,
+                answers,
+            },
+            u64::MAX,
+        )
+    }
+
+    /// A pod whose volume holds the data of a member the cluster lists at this pod's URL
+    /// (mostly; sometimes no cluster answers), its sidecar holding a rebuild request for
+    /// it: proven by a majority of the voters listed now, or not.
+    fn a_rebuild_under_way() -> impl Strategy<Value = Facts> {
+        (
+            anything(),
+            raw_rebuild(),
+            prop::bool::weighted(0.85),
+            prop::bool::weighted(0.9),
+        )
+            .prop_map(|(mut f, raw, answers, voter)| {
+                let own = 0xa0 + u64::from(f.ordinal);
+                f.data.wal = WalState::Present(Ok(WalIdentity {
+                    member_id: own,
+                    cluster_id: CLUSTER,
+                }));
+                f.data.left = None;
+                f.data.unreadable_markers = vec![];
+                f.own_dns = found(f.ordinal);
+                let mut members = match &f.cluster {
+                    ClusterFacts::Healthy(v) => v.members.clone(),
+                    _ => vec![],
+                };
+                members.retain(|m| m.id != own && !m.peer_urls.contains(&f.peer_url));
+                members.push(member(own, f.ordinal, &f.name, !voter));
+                f.cluster = if answers {
+                    healthy(members)
+                } else {
+                    not_reached()
+                };
+                f.rebuild_request = Some(tie_rebuild(&f, &raw));
+                f
+            })
+    }
+
+    /// Written from the rule rather than by calling `proves`: the request held names this
+    /// volume's member, and among the voters the cluster lists now (their first answer
+    /// each, in the request's answers) a strict majority answered one hash, every voter
+    /// that answered did so from one compacted revision, and this member answered another
+    /// hash.
+    fn a_majority_proves_this_member_diverged(f: &Facts) -> bool {
+        let (Some(r), Some(wal)) = (&f.rebuild_request, f.data.wal_identity()) else {
+            return false;
+        };
+        let voters = voters_now(&f.cluster);
+        if r.member != wal.member_id || voters.is_empty() {
+            return false;
+        }
+        let mut first: Vec<(u64, u32, i64)> = Vec::new();
+        for a in &r.check.answers {
+            if !voters.contains(&a.member) || first.iter().any(|(m, _, _)| *m == a.member) {
+                continue;
+            }
+            if let Answered::Hash {
+                hash,
+                compact_revision,
+            } = a.got
+            {
+                first.push((a.member, hash, compact_revision));
+            }
+        }
+        if first.windows(2).any(|w| w[0].2 != w[1].2) {
+            return false;
+        }
+        let Some(own) = first.iter().find(|(m, _, _)| *m == r.member).map(|a| a.1) else {
+            return false;
+        };
+        first.iter().any(|(_, majority, _)| {
+            *majority != own
+                && 2 * first.iter().filter(|(_, h, _)| h == majority).count() > voters.len()
+        })
+    }
+
+    /// The healthy cluster that answered lists this volume's member (by ID, in the WAL's
+    /// cluster).
+    fn lists_this_volumes_member(f: &Facts) -> bool {
+        let (ClusterFacts::Healthy(v), Some(wal)) = (&f.cluster, f.data.wal_identity()) else {
+            return false;
+        };
+        v.cluster_id == wal.cluster_id && v.members.iter().any(|m| m.id == wal.member_id)
+    }
+
+    /// Any facts: mostly anything at all, and some formations, recoveries and rebuilds
+    /// under way (which random facts rarely get as far as a start, a forced start or a
+    /// member's data set aside as diverged).
     fn any_facts() -> impl Strategy<Value = Facts> {
         prop_oneof![
             4 => anything().boxed(),
             1 => a_formation_under_way().boxed(),
             1 => a_recovery_under_way().boxed(),
+            1 => a_rebuild_under_way().boxed(),
         ]
     }
 
@@ -2567,6 +2800,7 @@ mod invariants {
              backups in backups(),
              fresh in nonce(),
              recovery in raw_recovery(),
+             rebuild in prop::option::weighted(0.15, raw_rebuild()),
              restore in prop::option::weighted(0.3, restore_requests()),
              versions in versions(),
              aligned in prop::bool::weighted(0.7),
@@ -2597,7 +2831,7 @@ mod invariants {
                     .collect(),
                 expires_unix: u64::MAX,
             });
-            Facts {
+            let mut f = Facts {
                 ordinal,
                 name: pod(ordinal),
                 set_name: "etcd".into(),
@@ -2615,7 +2849,9 @@ mod invariants {
                 restore_request: restore,
                 rebuild_request: None,
                 versions,
-            }
+            };
+            f.rebuild_request = rebuild.map(|r| tie_rebuild(&f, &r));
+            f
         }
     }
 
@@ -2888,6 +3124,7 @@ mod invariants {
             "not-a-member",
             "restore-requested",
             "left",
+            "diverged",
             "update-peer-urls",
             "recover",
             "snapshot",
@@ -2915,6 +3152,8 @@ mod invariants {
             "ForeignCluster",
             "OwnMemberListed",
             "MemberRemoved",
+            "MemberDiverged",
+            "RebuildWaitsForCluster",
             "UnreadableWalButListed",
             "UnreadableWalNotListed",
             "NoMemberForThisPod",
@@ -3334,6 +3573,53 @@ mod invariants {
                 ),
                 "{:?}: {}", d.action, d.reason()
             );
+        }
+
+        /// Nothing sets aside the data of a member the cluster still lists (by its ID, in
+        /// its cluster) but a rebuild request this pod's sidecar holds for that very member
+        /// whose proof stands against the voters listed now: a strict majority of them
+        /// answered one hash and this member another
+        /// (`a_majority_proves_this_member_diverged`, from the rule, not from `proves`).
+        /// A request without such a proof (no majority, silence, mixed compactions, a
+        /// forged verdict, another member named, a membership changed since) restarts it.
+        /// An operator's restore of the whole cluster, and a pod an operator made leave,
+        /// set data aside by rules of their own
+        /// (`a_restore_request_this_pod_cannot_see_usable_never_sets_data_aside`,
+        /// `a_pod_that_left_only_waits_or_sets_its_data_aside_once_its_member_is_removed`).
+        #[test]
+        fn a_listed_members_data_is_set_aside_only_when_a_majority_proves_it_diverged(
+            f in any_facts()
+        ) {
+            let d = decide(&f);
+            if let Action::SetAside { why } = &d.action {
+                let operators = match why {
+                    SetAsideWhy::RestoreRequested => f.restore_request.is_some(),
+                    SetAsideWhy::Left => f.data.left.is_some(),
+                    _ => false,
+                };
+                if (lists_this_volumes_member(&f) && !operators) || *why == SetAsideWhy::Diverged {
+                    prop_assert!(
+                        *why == SetAsideWhy::Diverged && a_majority_proves_this_member_diverged(&f),
+                        "set aside ({}) the data of member {:x?} without a majority's proof ({:?}): {}",
+                        why.slug(), f.data.wal_identity(), f.rebuild_request, d.reason()
+                    );
+                }
+            }
+        }
+
+        /// A member being rebuilt (its sidecar holds the request for this volume's member)
+        /// does not start etcd on its diverged data again while no cluster answers.
+        #[test]
+        fn a_member_being_rebuilt_never_restarts_on_its_data_while_no_cluster_answers(
+            f in any_facts()
+        ) {
+            let held = f.rebuild_request.as_ref().is_some_and(|r| {
+                f.data.wal_identity().is_some_and(|w| w.member_id == r.member)
+            });
+            if held && matches!(f.cluster, ClusterFacts::NotReached { .. }) {
+                let d = decide(&f);
+                prop_assert!(d.action != Action::Restart, "{}", d.reason());
+            }
         }
 
         #[test]

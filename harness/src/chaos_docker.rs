@@ -254,6 +254,8 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         replaced,
         corrupted: None,
         rebuilt: None,
+        healed_after: None,
+        rebuild_stops: Vec::new(),
         unwritten: Vec::new(),
         values_unread: Vec::new(),
         recovered,

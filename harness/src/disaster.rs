@@ -46,10 +46,10 @@ pub enum Disaster {
 pub const AUTO_RECOVER_AFTER: &str = "--auto-recover-after=5s";
 
 /// The product option that makes a restore jump the revision past any served before the
-/// loss (on by default where the product has it). The revision check runs only when
-/// `init --help` lists it and the release's offline tool can jump (its
-/// `snapshot restore --help` lists `--bump-revision`: etcdutl 3.5.30, not 3.5.1's or 3.4's
-/// etcdctl, with which the product restores without a jump and says so).
+/// loss (on by default). The revision check runs whenever the etcd release under test can
+/// jump ([`crate::etcd::release_can_jump`]: etcdutl 3.5.30 can; 3.5.1's and 3.4's etcdctl
+/// cannot, and the product restores without a jump with them and says so), decided from
+/// the release, never from a `--help` text.
 pub const BUMP_OPTION: &str = "--restore-bump-revision";
 
 impl Disaster {
@@ -169,8 +169,8 @@ pub struct DisasterSeen {
     pub held_before: Vec<Option<u64>>,
     /// Per pod, how many of the writes acknowledged after the loss it finds.
     pub held_after: Vec<Option<u64>>,
-    /// Whether the product has [`BUMP_OPTION`] and the release's tool can jump: only then
-    /// is the revision after a restore checked.
+    /// Whether the etcd release under test can jump the revision
+    /// ([`crate::etcd::release_can_jump`]): then the revision after a restore is checked.
     pub bump_checked: bool,
     /// Recoveries the sidecars counted (`etcd_steward_recoveries_total`, summed over
     /// pods; `None`: a sidecar did not answer).
@@ -341,12 +341,6 @@ fn held_at(writes: &WriterReport, acked: u64, revision: i64) -> u64 {
     before.partition_point(|r| *r <= revision) as u64
 }
 
-/// Whether `steward`'s `init` has [`BUMP_OPTION`] (its `--help` lists it) and the offline
-/// tool `tool` can make the jump.
-pub fn restore_bumps_revision(steward: &Path, tool: &Path) -> bool {
-    steward_has_bump_option(steward) && crate::etcd::tool_can_jump(tool)
-}
-
 /// The continuous archive's option.
 pub const ARCHIVE_OPTION: &str = "--archive-interval";
 /// The archive interval the disaster schedules run with.
@@ -360,14 +354,6 @@ pub fn archives(steward: &Path) -> bool {
         .args(["sidecar", "--help"])
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(ARCHIVE_OPTION))
-}
-
-/// Whether `steward`'s `init --help` lists [`BUMP_OPTION`].
-fn steward_has_bump_option(steward: &Path) -> bool {
-    std::process::Command::new(steward)
-        .args(["init", "--help"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(BUMP_OPTION))
 }
 
 /// The release's offline tool beside its etcd: etcdutl (3.5), else etcdctl (3.4).
@@ -394,10 +380,9 @@ pub fn options(set: &Set, disaster: &Disaster) -> Vec<String> {
         "--backup-interval=1h".into(),
         "--restore=latest".into(),
     ];
-    // An agent that has the option refuses a tool that cannot jump unless it is off (one
-    // that predates the option has neither).
-    if steward_has_bump_option(set.steward_bin()) {
-        args.extend(crate::etcd::jump_args(&tool));
+    // The agent refuses a tool that cannot jump unless the jump is off.
+    if !crate::etcd::release_can_jump(crate::etcd::release(set.etcd_bin())) {
+        args.push(format!("{BUMP_OPTION}=0"));
     }
     if archives(set.steward_bin()) {
         args.push(format!("{ARCHIVE_OPTION}={}s", ARCHIVE_INTERVAL.as_secs()));
@@ -735,7 +720,7 @@ pub async fn observe(set: &Set, struck: Struck, writes: &WriterReport) -> Disast
         cluster_before: struck.cluster_before,
         held_before,
         held_after,
-        bump_checked: restore_bumps_revision(set.steward_bin(), &offline_tool(set)),
+        bump_checked: crate::etcd::release_can_jump(crate::etcd::release(set.etcd_bin())),
         recoveries,
         hashes,
         hash_revision,

@@ -122,6 +122,41 @@ macro_rules! per_etcd_version {
     };
 }
 
+/// The release an etcd binary is, from the first line of its `etcd --version`
+/// (`etcd Version: 3.5.30`): major, minor, patch. Panics naming the binary when it says
+/// none: what a check holds a run to must never turn itself off on an answer it cannot read.
+pub fn release(bin: &std::path::Path) -> (u32, u32, u32) {
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("running {} --version: {e}", bin.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parsed = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("etcd Version:"))
+        .and_then(|v| {
+            let mut parts = v.trim().trim_start_matches('v').split('.');
+            let mut next = || parts.next()?.parse::<u32>().ok();
+            Some((next()?, next()?, next()?))
+        });
+    parsed.unwrap_or_else(|| panic!("{} --version names no release: {text:?}", bin.display()))
+}
+
+/// Whether etcd release `(major, minor, patch)`'s offline tool restores a snapshot with the
+/// revision moved forward (`snapshot restore --bump-revision N --mark-compacted`): etcdutl
+/// from 3.5.10 (etcd pull request 16165), etcdctl 3.4 from 3.4.27 (pull request 16193),
+/// every release after 3.5. Here: 3.5.30 can, 3.5.1 and 3.4.23 cannot. Decided from the
+/// release under test, never from a `--help` text, so that a restore whose revision does not
+/// jump where it must is caught rather than left unchecked.
+pub fn release_can_jump((major, minor, patch): (u32, u32, u32)) -> bool {
+    match (major, minor) {
+        (3, 4) => patch >= 27,
+        (3, 5) => patch >= 10,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    }
+}
+
 /// Whether `tool`'s `snapshot restore` can move the revision forward (`--bump-revision`):
 /// only a recent etcdutl 3.5 (here 3.5.30's).
 pub fn tool_can_jump(tool: &std::path::Path) -> bool {

@@ -564,6 +564,123 @@ mod tests {
         assert_eq!(d, CLUSTER_DEADLINE_WITH_DATA);
     }
 
+    /// What the vouched deadline promises (docs/ARCHITECTURE.md, BENCHMARKS.md row 4d,
+    /// `harness::bounds::RESTART`): a restart on a volume the cluster vouched for waits no
+    /// longer than this for peers that do not answer.
+    const VOUCHED_WAIT: Duration = Duration::from_millis(30);
+
+    /// One `init` look (tokio's clock paused) by pod etcd-1 of three, whose volume holds
+    /// member 0xa1 of cluster 0xc1 and whose own sidecar reports `vouch`; the etcds of
+    /// etcd-0 and etcd-2 (leader 0xa0) answer `Status` only after `delay`. The view it got,
+    /// and how long the look took.
+    #[allow(clippy::unwrap_used)]
+    async fn look_with_peers_answering_after(
+        delay: Duration,
+        vouch: Option<Vouch>,
+    ) -> (ClusterFacts, Duration) {
+        use crate::fake::{FakeCluster, FakeDns, FakeReports, Op};
+
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("member/wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::write(
+            wal.join("0000000000000000-0000000000000000.wal"),
+            crate::volume::wal::tests::wal_head(WAL.member_id, WAL.cluster_id),
+        )
+        .unwrap();
+        let identity = Identity {
+            set_name: "etcd".into(),
+            ordinal: 1,
+            service: "etcd".into(),
+            namespace: "default".into(),
+            cluster_domain: "cluster.local".into(),
+            client_port: 2379,
+            peer_port: 2380,
+            client_scheme: "http",
+            peer_scheme: "http",
+        };
+        let dns = FakeDns::default();
+        let cluster = FakeCluster::new(WAL.cluster_id);
+        for o in 0..3u32 {
+            dns.answer(
+                &identity.host(o),
+                Lookup::Found(vec![IpAddr::from([10, 0, 0, 10 + o as u8])]),
+            );
+            cluster.add_member(
+                0xa0 + u64::from(o),
+                &identity.pod_name(o),
+                &identity.peer_url(o),
+                &identity.client_url(o),
+                false,
+            );
+            if o != 1 {
+                let endpoint = format!("{}:{}", identity.host(o), identity.client_port);
+                cluster.delay(&endpoint, Op::Status, delay);
+            }
+        }
+        cluster.set_leader(0xa0);
+        let reports = FakeReports::default();
+        reports.set(
+            "etcd-1",
+            PeerReport {
+                name: "etcd-1".into(),
+                has_data: true,
+                vouch: vouch.map(|v| Vouch {
+                    peer_url: identity.peer_url(1),
+                    ..v
+                }),
+                ..Default::default()
+            },
+        );
+        let observer = Observer {
+            pod: Pod {
+                identity,
+                replicas: 3,
+                data_dir: dir.path().to_path_buf(),
+                restore: None,
+            },
+            dns,
+            connector: cluster,
+            reports,
+            store: None,
+            starting: true,
+        };
+        let started = tokio::time::Instant::now();
+        let facts = observer.observe("nonce".into()).await.unwrap();
+        (facts.cluster, started.elapsed())
+    }
+
+    /// The deadline's behaviour, not its constant: on a vouched volume a peer that answers
+    /// within the promised wait is heard, one that answers later (100 ms) is not waited for
+    /// (the look ends within the promise; etcd and the sidecar hear the news once etcd
+    /// runs), while on a volume never vouched for the same late answer is waited for.
+    #[tokio::test(start_paused = true)]
+    async fn a_vouched_restart_hears_peers_that_answer_in_time_and_waits_no_longer_for_silent_ones()
+    {
+        let vouched = ours(1);
+        let (view, took) =
+            look_with_peers_answering_after(Duration::from_millis(10), vouched.clone()).await;
+        assert!(
+            matches!(view, ClusterFacts::Healthy(_)),
+            "a peer answering within {VOUCHED_WAIT:?} is heard: {view:?}"
+        );
+        assert!(took <= VOUCHED_WAIT, "{took:?}");
+        let (view, took) =
+            look_with_peers_answering_after(Duration::from_millis(100), vouched).await;
+        assert!(
+            took <= VOUCHED_WAIT,
+            "a vouched restart waited {took:?} for peers that answer after 100 ms, more than the {VOUCHED_WAIT:?} promised"
+        );
+        assert!(
+            matches!(&view, ClusterFacts::NotReached { tried } if tried.iter().all(|t| t.contains("no answer within"))),
+            "{view:?}"
+        );
+        // Never vouched for: the same late answer is heard (a removal must not be missed).
+        let (view, took) = look_with_peers_answering_after(Duration::from_millis(100), None).await;
+        assert!(matches!(view, ClusterFacts::Healthy(_)), "{view:?}");
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+    }
+
     #[test]
     fn a_peers_version_answer_gives_its_release_and_the_cluster_version() -> Result<(), String> {
         let v = parse_peer_version(

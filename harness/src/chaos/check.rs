@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::schedule::Event;
+use super::schedule::{Event, Fault};
 use crate::backup_taken::BackupTaken;
 use crate::bounds::UNEXPLAINED_BOUND;
 use crate::disaster::DisasterSeen;
@@ -34,6 +34,13 @@ pub struct Outcome {
     /// The pod the agent rebuilt (its data set aside as diverged; its old member ID counts
     /// as lost).
     pub rebuilt: Option<u32>,
+    /// How long after the value was corrupted every pod served written values alone.
+    pub healed_after: Option<Duration>,
+    /// When (since the run started) the runner saw the corrupted pod's etcd exit before it
+    /// was healed: the agent stopping the diverged member, or its new member's start. Each
+    /// explains writes refused as a restart of that pod does; the rest of the rebuild
+    /// explains none (the healthy majority keeps serving writes).
+    pub rebuild_stops: Vec<Duration>,
     /// After healing, per pod: a writer's key served (serializable read) with a value the
     /// writer never wrote under it (pod, key, value).
     pub unwritten: Vec<(u32, String, String)>,
@@ -72,6 +79,10 @@ pub struct Outcome {
     /// What generator 3's disaster left (`None`: the schedule had none).
     pub disaster: Option<DisasterSeen>,
 }
+
+/// How long before the runner sees an etcd exit it may have happened: its loop looks every
+/// 50 ms, but a look at every pod's values (about once a second) comes first.
+pub const EXIT_SEEN: Duration = Duration::from_secs(1);
 
 /// The stretches of time (since the run started) during which the faults as played (`at`
 /// when applied, `lasts` until healed) explain writes refused: each fault from when it was
@@ -203,10 +214,18 @@ impl Outcome {
         v
     }
 
-    /// The stretches the faults (and the disaster) explain.
+    /// The stretches the faults (and the disaster, and each stop of a rebuild) explain.
     pub fn explained(&self) -> Vec<(Duration, Duration)> {
         let mut w = explained(&self.played, self.slack);
         w.extend(self.disaster_window);
+        if let Some((o, _)) = self.corrupted {
+            let cost = Fault::CorruptValue(o).cost() + self.slack;
+            w.extend(
+                self.rebuild_stops
+                    .iter()
+                    .map(|t| (t.saturating_sub(EXIT_SEEN), *t + cost)),
+            );
+        }
         w
     }
 

@@ -93,29 +93,51 @@ struct Corruption {
     write: Option<u64>,
     /// Every pod answered with written values alone since the fault was applied.
     healed: bool,
+    /// When it was healed, after the fault was applied.
+    healed_after: Option<Duration>,
+    /// When the runner saw the pod's etcd exit (and started it again, as kubelet would)
+    /// while the value was not yet healed: the agent stopping the diverged member, or its
+    /// new member's start.
+    stops: Vec<Duration>,
 }
 
 impl Corruption {
     /// Whether the pods serve written values alone now (once the pod is started again: no
-    /// heal of its event `pending`): the fault, as played, lasts until then.
+    /// heal of its event `pending`). The fault, as played, lasts only while its pod is down:
+    /// the rebuild after it refuses no write through the healthy majority, and explains
+    /// refusals only at each stop of the pod's etcd ([`Outcome::rebuild_stops`]).
     async fn heal_seen(
         &mut self,
         set: &Set,
         pods: &[u32],
-        played: &mut [Event],
+        played: &[Event],
         pending: &[(Duration, Heal, usize)],
         now: Duration,
     ) {
         let started_again = !pending.iter().any(|(_, _, i)| *i == self.played);
         if !self.healed && started_again && all_written(set, pods).await {
             self.healed = true;
-            let e = &mut played[self.played];
-            e.lasts = now.saturating_sub(e.at);
+            let after = now.saturating_sub(played[self.played].at);
+            self.healed_after = Some(after);
             eprintln!(
-                "chaos: every pod serves written values alone ({:?} after the corruption)",
-                e.lasts
+                "chaos: every pod serves written values alone ({after:?} after the corruption)"
             );
         }
+    }
+}
+
+/// Starts exited etcd containers again, as kubelet would; an exit of the pod whose value is
+/// corrupted, until it is healed, is recorded (at `now`) as a stop of its rebuild.
+fn restart_exited(set: &mut Set, corruption: &mut Option<Corruption>, now: Duration) {
+    let Ok(restarted) = set.restart_exited() else {
+        return;
+    };
+    if let Some(c) = corruption
+        .as_mut()
+        .filter(|c| !c.healed && restarted.contains(&c.pod))
+    {
+        eprintln!("chaos: pod {}'s etcd exited during its rebuild", c.pod);
+        c.stops.push(now);
     }
 }
 
@@ -196,7 +218,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             .as_mut()
             .filter(|c| !c.healed && now >= next_value_check)
         {
-            c.heal_seen(set, &pods, &mut played, &pending, now).await;
+            c.heal_seen(set, &pods, &played, &pending, now).await;
             next_value_check = now + Duration::from_secs(1);
         }
         // Heal what is due, then apply what is due; restart exited containers (kubelet).
@@ -218,7 +240,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                 let corrupts = matches!(e.fault, Fault::CorruptValue(_));
                 if let Some(c) = corruption.as_mut().filter(|_| loss) {
                     let now = started.elapsed();
-                    c.heal_seen(set, &pods, &mut played, &pending, now).await;
+                    c.heal_seen(set, &pods, &played, &pending, now).await;
                 }
                 let waits = (loss && corruption.as_ref().is_some_and(|c| !c.healed))
                     || (corrupts && writer.acked() < ACKED_BEFORE_CORRUPTION);
@@ -226,7 +248,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                     && now < e.at + RECOVERY_BOUND
                     && (waits || !set.all_linearizable(&pods, pods.len()).await)
                 {
-                    let _ = set.restart_exited();
+                    restart_exited(set, &mut corruption, started.elapsed());
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -264,6 +286,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                         id,
                         write: None,
                         healed: false,
+                        healed_after: None,
+                        stops: Vec::new(),
                     });
                 }
                 let at = started.elapsed();
@@ -286,7 +310,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         if events.peek().is_none() && pending.is_empty() {
             break;
         }
-        let _ = set.restart_exited();
+        restart_exited(set, &mut corruption, started.elapsed());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Generator 3: the disaster, once every fault is healed.
@@ -320,12 +344,12 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     let deadline = Instant::now() + RECOVERY_BOUND;
     let mut recovered = false;
     while Instant::now() < deadline {
-        let _ = set.restart_exited();
+        restart_exited(set, &mut corruption, started.elapsed());
         for o in &pods {
             sentinels.plant(*o, set.data_dir(*o));
         }
         if let Some(c) = corruption.as_mut() {
-            c.heal_seen(set, &pods, &mut played, &[], started.elapsed())
+            c.heal_seen(set, &pods, &played, &[], started.elapsed())
                 .await;
         }
         if corruption.as_ref().is_none_or(|c| c.healed)
@@ -440,6 +464,11 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         replaced,
         corrupted: corruption.as_ref().map(|c| (c.pod, c.write)),
         rebuilt: rebuilt.map(|c| c.pod),
+        healed_after: corruption.as_ref().and_then(|c| c.healed_after),
+        rebuild_stops: corruption
+            .as_ref()
+            .map(|c| c.stops.clone())
+            .unwrap_or_default(),
         unwritten,
         values_unread,
         recovered,

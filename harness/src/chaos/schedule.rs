@@ -376,9 +376,10 @@ impl Fault {
             // leadership.
             Fault::WithdrawDns(_) => ELECTION,
             Fault::Pause(_) | Fault::Partition(_) | Fault::FillDisk(_) => ELECTION + HUNG_WRITE,
-            // A corrupted value's fault lasts, as played, until the agent rebuilt the member
-            // (the runner sees the pods serve written values alone): its cost after that is
-            // a restart's.
+            // A corrupted value's fault lasts, as played, while its pod is down (killed, the
+            // value changed, started again): its cost after that is a restart's, and so is
+            // each stop of its etcd during the rebuild that follows
+            // (`Outcome::rebuild_stops`); the rest of the rebuild explains nothing.
             Fault::KillPod(_)
             | Fault::LoseVolume(_)
             | Fault::RestartAll(_)

@@ -172,6 +172,8 @@ fn clean() -> Outcome {
         replaced: vec![],
         corrupted: None,
         rebuilt: None,
+        healed_after: None,
+        rebuild_stops: vec![],
         unwritten: vec![],
         values_unread: vec![],
         recovered: true,
@@ -530,5 +532,45 @@ fn a_value_is_corrupted_in_every_copy_and_nothing_else_is_touched() {
     assert!(
         corrupt_value(dir.path(), 2).unwrap().is_none(),
         "0 is not in the file"
+    );
+}
+
+/// A corrupted value's pod is down from the fault until it is started again, and its etcd
+/// stops again when the agent rebuilds it; meanwhile the healthy majority keeps serving
+/// writes. So the fault explains refusals while its pod is down and after each stop of the
+/// rebuild (a restart's cost each), never the whole rebuild: writes refused through the
+/// majority between those are a violation, however long the rebuild takes to end.
+#[test]
+fn a_corrupted_value_explains_refusals_while_its_pod_is_down_and_at_each_rebuild_stop_only() {
+    let secs = |s: f64| Duration::from_secs_f64(s);
+    let cost = Fault::CorruptValue(1).cost();
+    let mut o = Outcome {
+        played: vec![Event {
+            at: secs(10.0),
+            lasts: secs(1.0),
+            fault: Fault::CorruptValue(1),
+        }],
+        corrupted: Some((1, Some(40))),
+        rebuilt: Some(1),
+        healed_after: Some(secs(60.0)),
+        rebuild_stops: vec![secs(30.0)],
+        ..clean()
+    };
+    // Down, then started again on the corrupted value; then stopped by the agent.
+    o.writes.refusals = vec![
+        (secs(10.2), secs(11.0) + cost),
+        (secs(29.5), secs(30.0) + cost),
+    ];
+    assert!(o.violations().is_empty(), "{:?}", o.violations());
+    // Writes refused while the rebuild is under way but its pod's etcd did not stop: the
+    // majority refused them, and the rebuild explains nothing of it.
+    o.writes.refusals.push((secs(18.0), secs(22.0)));
+    let u = o.unexplained();
+    assert_eq!(u.refusal, (secs(18.0), secs(22.0)));
+    assert_eq!(u.length, secs(4.0));
+    let v = o.violations();
+    assert!(
+        v.len() == 1 && v[0].contains("explained by no fault"),
+        "{v:?}"
     );
 }
