@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
-use etcd_steward::backup::archive::drill::ArchiveCheck;
+use etcd_steward::backup::archive::drill::{ArchiveCheck, LeaseCheck};
 use etcd_steward::backup::archive::replay::{
     self, EarlyStop, History, Method, ReplaySetup, Replayed, Target,
 };
@@ -857,6 +857,16 @@ async fn the_drill_replays_the_encrypted_archive_and_matches_the_live_hash_at_it
     );
     assert_eq!((a.last_revision, a.segments.len()), (last, segments.len()));
     assert_eq!(a.revisions, u64::try_from(last - m.revision).unwrap());
+    assert_eq!(
+        a.leases,
+        LeaseCheck::Match { leases: 1 },
+        "the lease of /leased/a and /leased/b: {a:?}"
+    );
+    assert!(
+        a.detail.contains("the 1 leases the keys at"),
+        "{}",
+        a.detail
+    );
     let recorded = record.archive.expect("recorded in the manifest");
     assert_eq!(
         (
@@ -974,6 +984,82 @@ async fn a_live_cluster_compacted_past_the_archive_skips_the_archive_hash_with_t
         recorded.detail
     );
     assert_eq!(metrics.drill_archive_failures, 0);
+}
+
+#[tokio::test]
+async fn an_archive_whose_lease_ttl_differs_from_the_live_one_fails_the_drill_naming_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let live = Etcd::start("live", &dir.path().join("live"), free_port()).await;
+    let mut c = live.client().await;
+    c.put("/k/0", "v", None).await.unwrap();
+    let (m, _) = snapshot_of(&live, &store, dir.path()).await;
+    let lease = c.lease_grant(40, None).await.unwrap().id();
+    let leased = Some(PutOptions::new().with_lease(lease));
+    c.put("/leased/a", "a", leased.clone()).await.unwrap();
+    c.put("/k/1", "v", None).await.unwrap();
+    c.put("/leased/b", "b", leased).await.unwrap();
+    let last = live.revision().await;
+    let (revs, mut leases) = archive::revisions(&mut c, m.revision + 1, last, time_of).await;
+    assert_eq!(leases.get(&lease), Some(&40), "the archiver's record");
+    // The archive says another TTL than the lease was granted: the replay grants that one,
+    // the keys (and so `HashKV`) are the same.
+    leases.insert(lease, 90);
+    let cluster = u64::from_str_radix(&m.cluster_id, 16).unwrap();
+    archive::put_segments(&store, cluster, &revs, &leases, 2).await;
+    let (outcome, record, metrics) = drilled(&store, &m, &live, dir.path()).await;
+    assert!(outcome.passed, "the snapshot itself restores: {outcome:?}");
+    let a = outcome.archive.clone().expect("the archive is drilled");
+    assert!(!a.passed && !outcome.passed_all(), "{a:?}");
+    assert!(
+        matches!(a.check, ArchiveCheck::Match { revision, .. } if revision == last),
+        "the hash does not see the lease bucket: {a:?}"
+    );
+    assert_eq!(a.leases.word(), "mismatch", "{a:?}");
+    let said =
+        format!("lease {lease:x} is granted 90 s in the replayed etcd, 40 s on the live cluster");
+    assert!(a.detail.contains(&said), "{}", a.detail);
+    let recorded = record.archive.expect("recorded in the manifest");
+    assert!(
+        !recorded.passed && recorded.detail.contains(&said),
+        "{recorded:?}"
+    );
+    assert_eq!(metrics.drill_archive_failures, 1);
+}
+
+#[tokio::test]
+async fn the_restore_drill_compares_the_restored_leases_with_the_live_ones_at_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let live = Etcd::start("live", &dir.path().join("live"), free_port()).await;
+    let mut c = live.client().await;
+    let lease = c.lease_grant(40, None).await.unwrap().id();
+    let leased = Some(PutOptions::new().with_lease(lease));
+    c.put("/leased/a", "a", leased.clone()).await.unwrap();
+    c.put("/leased/b", "b", leased).await.unwrap();
+    let (m, _) = snapshot_of(&live, &store, dir.path()).await;
+    // After the snapshot: another key on the lease, and a lease the snapshot never saw.
+    let later = c.lease_grant(50, None).await.unwrap().id();
+    c.put("/leased/c", "c", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    c.put("/later", "x", Some(PutOptions::new().with_lease(later)))
+        .await
+        .unwrap();
+    let (outcome, record, _) = drilled(&store, &m, &live, dir.path()).await;
+    assert!(outcome.passed, "{outcome:?}");
+    assert_eq!(
+        outcome.leases,
+        LeaseCheck::Match { leases: 1 },
+        "{outcome:?}"
+    );
+    assert!(
+        record
+            .detail
+            .contains("the 1 leases its keys name match the live cluster's"),
+        "{}",
+        record.detail
+    );
 }
 
 /// CPU seconds (user + system) of process `pid` ("self": this one), from `/proc`.

@@ -5,7 +5,10 @@
 //! revision with the live cluster's. With the revision jump (`--bump-revision`), every
 //! revision before the jump is compacted away in the restored member, so no hash can be
 //! compared; the drill proves instead that the restored revision is the snapshot's plus the
-//! jump. The outcome is recorded in the snapshot's manifest.
+//! jump. `HashKV` does not cover the `lease` bucket, so the restored member's leases are
+//! compared too with the live cluster's at the snapshot's revision (the leases its keys
+//! name, their granted TTLs and keys: [`super::archive::leases`]), with the jump as
+//! without. The outcome is recorded in the snapshot's manifest.
 //!
 //! The archive drill ([`super::archive::drill`]) runs beside it: on the drilled snapshot
 //! when segments continue it (`backup --drill`), and on the snapshot before the newest
@@ -16,7 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::archive::drill::ArchiveDrill;
+use super::archive::drill::{self as archive_drill, ArchiveDrill, LeaseCheck};
+use super::archive::lease_read::{self, ReadError, Scope};
 use super::archive::replay::ReplaySetup;
 use super::manifest::{self, DrillRecord, Manifest};
 use super::restore::{self, RestoreError};
@@ -80,6 +84,8 @@ pub struct DrillOutcome {
     pub restored_revision: Option<i64>,
     pub total_keys: Option<u64>,
     pub hash: HashCheck,
+    /// How the restored member's leases compared with the live cluster's.
+    pub leases: LeaseCheck,
     /// A sentence: what was proven, or what failed.
     pub detail: String,
     /// The stored bytes fail their checksum: the snapshot is now marked unverified.
@@ -114,6 +120,7 @@ impl DrillOutcome {
             "restored_revision": self.restored_revision,
             "total_keys": self.total_keys,
             "hash_check": self.hash.word(),
+            "lease_check": self.leases.word(),
             "detail": self.detail,
             "archive": self.archive.as_ref().map(ArchiveDrill::to_json),
         })
@@ -142,6 +149,7 @@ fn fail(m: &Manifest, restored: Option<i64>, detail: String) -> DrillOutcome {
         restored_revision: restored,
         total_keys: None,
         hash: HashCheck::NotRun { last_error: None },
+        leases: LeaseCheck::NotRun,
         detail,
         corrupt: false,
         archive: None,
@@ -282,8 +290,15 @@ async fn run<L: SnapshotSource>(
         }
         Jump::Off | Jump::Unsupported => compare(revision, client, setup, live).await,
     };
+    let leases = match &hash {
+        HashCheck::Match { .. } | HashCheck::Skipped { .. } => {
+            leases_at(revision, revision, client, setup, live).await
+        }
+        HashCheck::Jumped { revision: r, .. } => leases_at(*r, revision, client, setup, live).await,
+        _ => LeaseCheck::NotRun,
+    };
     let _ = etcd.kill().await;
-    let (passed, detail) = match &hash {
+    let (passed, mut detail) = match &hash {
         HashCheck::Match { revision, hash } => (
             true,
             format!("restored revision {revision} with {} keys; HashKV {hash:#x} matches the live cluster's", status.total_key),
@@ -315,12 +330,37 @@ async fn run<L: SnapshotSource>(
             },
         ),
     };
+    let passed = passed
+        && match &leases {
+            LeaseCheck::Match { leases } => {
+                detail.push_str(&format!(
+                    "; the {leases} leases its keys name match the live cluster's at revision {revision} (IDs, granted TTLs, keys)"
+                ));
+                true
+            }
+            LeaseCheck::Skipped { reason } => {
+                detail.push_str(&format!("; leases not compared: {reason}"));
+                true
+            }
+            LeaseCheck::Mismatch { diff } => {
+                detail.push_str(&format!(
+                    "; the leases differ from the live cluster's at revision {revision}: {diff}"
+                ));
+                false
+            }
+            LeaseCheck::Unread { why } => {
+                detail.push_str(&format!("; the restored etcd's leases: {why}"));
+                false
+            }
+            LeaseCheck::NotRun => true,
+        };
     Ok(DrillOutcome {
         snapshot: m.name.clone(),
         passed,
         restored_revision: Some(revision),
         total_keys: Some(status.total_key),
         hash,
+        leases,
         detail,
         corrupt: false,
         archive: None,
@@ -366,6 +406,7 @@ pub async fn drill_archive<L: SnapshotSource>(
             segments: Vec::new(),
             revisions: 0,
             check: super::archive::drill::ArchiveCheck::NotRun,
+            leases: super::archive::drill::LeaseCheck::NotRun,
             detail: format!("the snapshot the archive continues does not download: {e}"),
         },
     };
@@ -466,6 +507,33 @@ async fn compare<L: SnapshotSource>(
             reason: format!("the live cluster's HashKV is unavailable: {e}"),
         },
     }
+}
+
+/// The restored member's leases (it serves `restored`, the snapshot's revision or past it
+/// with the jump: its keys are the snapshot's) compared with the live cluster's at the
+/// snapshot's revision `snapshot`.
+async fn leases_at<L: SnapshotSource>(
+    restored: i64,
+    snapshot: i64,
+    client_port: u16,
+    setup: &DrillSetup,
+    live: &L,
+) -> LeaseCheck {
+    let live = live.leases_at(snapshot).await;
+    let ours = ask_restored(client_port, setup, |src| async move {
+        let timeout = setup.start_timeout;
+        lease_read::read(&src.client(), restored, Scope::All, timeout)
+            .await
+            .map_err(|e| SourceError::Other {
+                endpoint: src.endpoint().to_string(),
+                detail: match e {
+                    ReadError::Compacted => format!("revision {restored} is compacted away"),
+                    ReadError::Failed(why) => why,
+                },
+            })
+    })
+    .await;
+    archive_drill::lease_check(snapshot, &live, Some(&ours))
 }
 
 /// The scratch path a drill uses (for logs and tests).

@@ -58,6 +58,12 @@ pub trait SnapshotSource: Send + Sync {
     fn snapshot(&self) -> impl Future<Output = Result<Chunks, SourceError>> + Send;
     /// `HashKV` at `revision`.
     fn hash_kv(&self, revision: i64) -> impl Future<Output = Result<KvHash, SourceError>> + Send;
+    /// The leases the keys present at `revision` name, with their granted TTLs (what the
+    /// drills compare besides the hash, which does not cover leases).
+    fn leases_at(
+        &self,
+        revision: i64,
+    ) -> impl Future<Output = Result<crate::backup::archive::leases::LeaseView, SourceError>> + Send;
 }
 
 /// The etcd-client implementation: one connection to one member, with no per-request
@@ -225,6 +231,24 @@ impl SnapshotSource for EtcdSource {
                 })
             }
             Err(e) => Err(source_error(&self.endpoint, e)),
+        }
+    }
+
+    async fn leases_at(
+        &self,
+        revision: i64,
+    ) -> Result<crate::backup::archive::leases::LeaseView, SourceError> {
+        use crate::backup::archive::lease_read::{self, ReadError, Scope};
+        match lease_read::read(&self.client, revision, Scope::Named, CALL_TIMEOUT).await {
+            Ok(v) => Ok(v),
+            Err(ReadError::Compacted) => Err(SourceError::Compacted {
+                endpoint: self.endpoint.clone(),
+                revision,
+            }),
+            Err(ReadError::Failed(detail)) => Err(SourceError::Other {
+                endpoint: self.endpoint.clone(),
+                detail,
+            }),
         }
     }
 }
@@ -550,6 +574,16 @@ impl SnapshotSource for FakeSource {
 
     async fn hash_kv(&self, _revision: i64) -> Result<KvHash, SourceError> {
         Ok(self.hash)
+    }
+
+    async fn leases_at(
+        &self,
+        _revision: i64,
+    ) -> Result<crate::backup::archive::leases::LeaseView, SourceError> {
+        Err(SourceError::Other {
+            endpoint: "fake".into(),
+            detail: "the fake source holds no leases".into(),
+        })
     }
 }
 

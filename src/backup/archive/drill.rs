@@ -5,13 +5,18 @@
 //! the scratch first compacted to the live cluster's compacted revision (a `HashKV` covers
 //! the revisions above it). The live cluster is asked first: when it has compacted R away,
 //! the replay still proves every segment reads and applies, and the hash is skipped, with
-//! the reason. What the answers mean is decided by [`judge`] (pure).
+//! the reason. `HashKV` does not cover the `lease` bucket, so the leases are compared too
+//! ([`super::leases`]: the leases the keys at R name, their granted TTLs and attached
+//! keys, the live cluster asked at R before the replay): a replay that lost a lease, or
+//! granted it another TTL, fails the drill naming the lease. What the answers mean is
+//! decided by [`judge`] (pure).
 
 use std::path::Path;
 use std::time::SystemTime;
 
 use super::chain::{self, Chain};
-use super::replay::{self, EarlyStop, ReplayError, ReplaySetup, Replayed};
+use super::leases::{self, LeaseDiff, LeaseView};
+use super::replay::{self, AtRevision, EarlyStop, ReplayError, ReplaySetup, Replayed};
 use super::SegmentManifest;
 use crate::backup::manifest::{self, ArchiveDrillRecord, Manifest};
 use crate::backup::snapshot::{KvHash, SnapshotSource, SourceError};
@@ -52,6 +57,40 @@ impl ArchiveCheck {
     }
 }
 
+/// How the replayed archive's leases compared with the live cluster's at R.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseCheck {
+    /// Every lease a key at R names: held, with the live granted TTL and the same keys.
+    Match {
+        leases: usize,
+    },
+    Mismatch {
+        diff: LeaseDiff,
+    },
+    /// Not compared, and why (the live cluster compacted R away, …).
+    Skipped {
+        reason: String,
+    },
+    /// The throw-away etcd did not say its leases: fails the drill.
+    Unread {
+        why: String,
+    },
+    /// The replay did not reach R, or the hash already failed the drill.
+    NotRun,
+}
+
+impl LeaseCheck {
+    pub fn word(&self) -> &'static str {
+        match self {
+            LeaseCheck::Match { .. } => "match",
+            LeaseCheck::Mismatch { .. } => "mismatch",
+            LeaseCheck::Skipped { .. } => "skipped",
+            LeaseCheck::Unread { .. } => "failed",
+            LeaseCheck::NotRun => "not_run",
+        }
+    }
+}
+
 /// One archive drill's outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArchiveDrill {
@@ -65,7 +104,8 @@ pub struct ArchiveDrill {
     pub segments: Vec<String>,
     pub revisions: u64,
     pub check: ArchiveCheck,
-    /// A sentence: what was proven, or what failed (the segment, the revision).
+    pub leases: LeaseCheck,
+    /// A sentence: what was proven, or what failed (the segment, the revision, the lease).
     pub detail: String,
 }
 
@@ -93,6 +133,7 @@ impl ArchiveDrill {
             "segments": self.segments.len(),
             "revisions": self.revisions,
             "hash_check": self.check.word(),
+            "lease_check": self.leases.word(),
             "detail": self.detail,
         })
     }
@@ -109,16 +150,19 @@ pub struct Facts<'a> {
     pub resumed_after_hole: bool,
     /// The live cluster's `HashKV` at R (asked before the replay).
     pub live: &'a Result<KvHash, SourceError>,
+    /// The live cluster's leases at R (asked before the replay).
+    pub live_leases: &'a Result<LeaseView, SourceError>,
     /// The replay (an error other than the store's: the scratch etcd, a transaction);
     /// `None` when no segment continues the snapshot.
     pub replay: Option<Result<&'a Replayed, &'a ReplayError>>,
-    /// The scratch etcd's `HashKV` at R, when it reached R.
-    pub scratch: Option<&'a Result<KvHash, String>>,
+    /// The scratch etcd's `HashKV` and leases at R, when it reached R.
+    pub scratch: Option<&'a AtRevision>,
 }
 
 /// What the answers mean (pure): a mismatch, a hole, a segment that fails its checks or a
-/// replay that does not reach R fails the drill, naming the segment or the revision; a
-/// live cluster that compacted R away, or whose hash is unavailable, skips the comparison.
+/// replay that does not reach R fails the drill, naming the segment or the revision, and so
+/// do leases that differ, naming the lease; a live cluster that compacted R away, or whose
+/// hash or leases are unavailable, skips that comparison.
 pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
     let r = f.chain.last_revision;
     let mut out = ArchiveDrill {
@@ -129,6 +173,7 @@ pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
         segments: Vec::new(),
         revisions: 0,
         check: ArchiveCheck::NotRun,
+        leases: LeaseCheck::NotRun,
         detail: String::new(),
     };
     let hole = f
@@ -172,7 +217,7 @@ pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
         };
         return out;
     }
-    let (check, compared) = match (f.live, f.scratch) {
+    let (check, compared) = match (f.live, f.scratch.map(|s| &s.hash)) {
         (Err(SourceError::Compacted { .. }), _) => (
             ArchiveCheck::Skipped {
                 reason: format!(
@@ -243,6 +288,35 @@ pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
     out.check = check;
     out.passed = compared;
     out.detail = said;
+    if compared {
+        out.leases = lease_check(r, f.live_leases, f.scratch.map(|s| &s.leases));
+        match &out.leases {
+            LeaseCheck::Match { leases } => out.detail.push_str(&format!(
+                "; the {leases} leases the keys at {r} name match the live cluster's (IDs, granted TTLs, keys)"
+            )),
+            LeaseCheck::Mismatch { diff } => {
+                out.passed = false;
+                out.detail
+                    .push_str(&format!("; the leases differ at revision {r}: {diff}"));
+            }
+            LeaseCheck::Skipped { reason } => {
+                out.detail
+                    .push_str(&format!("; leases not compared: {reason}"));
+            }
+            LeaseCheck::Unread { why } => {
+                out.passed = false;
+                out.detail.push_str(&format!(
+                    "; the throw-away etcd's leases at revision {r}: {why}"
+                ));
+            }
+            LeaseCheck::NotRun => {
+                out.passed = false;
+                out.detail.push_str(&format!(
+                    "; the replay reached revision {r}, but the throw-away etcd's leases were not read"
+                ));
+            }
+        }
+    }
     if let Some((why, resumed)) = hole {
         if resumed {
             out.detail.push_str(&format!(
@@ -255,6 +329,34 @@ pub fn judge(f: &Facts<'_>) -> ArchiveDrill {
         }
     }
     out
+}
+
+/// The leases compared at R: the live cluster's (asked first) with the throw-away etcd's.
+pub fn lease_check(
+    r: i64,
+    live: &Result<LeaseView, SourceError>,
+    scratch: Option<&Result<LeaseView, String>>,
+) -> LeaseCheck {
+    match (live, scratch) {
+        (Err(SourceError::Compacted { .. }), _) => LeaseCheck::Skipped {
+            reason: format!("revision {r} is compacted away on the live cluster"),
+        },
+        (Err(e), _) => LeaseCheck::Skipped {
+            reason: format!("the live cluster's leases are unavailable: {e}"),
+        },
+        (Ok(_), None) => LeaseCheck::NotRun,
+        (Ok(_), Some(Err(e))) => LeaseCheck::Unread { why: e.clone() },
+        (Ok(_), Some(Ok(s))) if s.served > s.at => LeaseCheck::Skipped {
+            reason: format!(
+                "the throw-away etcd moved from revision {} to {} while its leases were read (a lease expired): they are not the revision's any more",
+                s.at, s.served
+            ),
+        },
+        (Ok(l), Some(Ok(s))) => match leases::compare(l, s) {
+            Ok(n) => LeaseCheck::Match { leases: n },
+            Err(diff) => LeaseCheck::Mismatch { diff },
+        },
+    }
 }
 
 /// Drills the archive continuing snapshot `m`, whose verified file is `snapshot` (already
@@ -282,6 +384,10 @@ pub async fn drill<L: SnapshotSource>(
                 endpoint: String::new(),
                 detail: "not asked: nothing to compare".into(),
             }),
+            live_leases: &Err(SourceError::Other {
+                endpoint: String::new(),
+                detail: "not asked: nothing to compare".into(),
+            }),
             replay: None,
             scratch: None,
         }));
@@ -289,6 +395,7 @@ pub async fn drill<L: SnapshotSource>(
     // Asked first: its compacted revision is where the scratch etcd is compacted to.
     let live_hash = live.hash_kv(c.last_revision).await;
     let compact = live_hash.as_ref().ok().map(|h| h.compact_revision);
+    let live_leases = live.leases_at(c.last_revision).await;
     let replayed = replay::replay_and_hash(
         store,
         snapshot,
@@ -312,6 +419,7 @@ pub async fn drill<L: SnapshotSource>(
         chain: &c,
         resumed_after_hole,
         live: &live_hash,
+        live_leases: &live_leases,
         replay: Some(replay),
         scratch,
     }))
@@ -323,7 +431,10 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::super::chain::tests::seg;
+    use super::super::leases::Held;
     use super::*;
 
     /// The chain of segments `spans` after a snapshot at 10, cluster `a`.
@@ -358,16 +469,66 @@ mod tests {
         }
     }
 
+    /// Live at R: keys a and b on lease 7 (TTL 30).
+    fn live_leases() -> LeaseView {
+        LeaseView {
+            at: 30,
+            served: 30,
+            attached: BTreeMap::from([(7, keys(&["a", "b"]))]),
+            held: BTreeMap::from([(
+                7,
+                Held {
+                    granted_ttl: 30,
+                    keys: None,
+                },
+            )]),
+        }
+    }
+
+    fn keys(k: &[&str]) -> BTreeSet<Vec<u8>> {
+        k.iter().map(|k| k.as_bytes().to_vec()).collect()
+    }
+
+    /// The throw-away etcd at R, holding lease 7 with `ttl` and its keys.
+    fn replayed_leases(ttl: i64) -> LeaseView {
+        LeaseView {
+            at: 30,
+            served: 30,
+            attached: BTreeMap::from([(7, keys(&["a", "b"]))]),
+            held: BTreeMap::from([(
+                7,
+                Held {
+                    granted_ttl: ttl,
+                    keys: Some(keys(&["a", "b"])),
+                },
+            )]),
+        }
+    }
+
+    fn at(hash: Result<KvHash, String>) -> AtRevision {
+        AtRevision {
+            hash,
+            leases: Ok(replayed_leases(30)),
+        }
+    }
+
     fn judged(
         c: &Chain,
         live: Result<KvHash, SourceError>,
         r: &Replayed,
         scratch: Option<Result<KvHash, String>>,
     ) -> ArchiveDrill {
+        let scratch = scratch.map(at);
+        // Asked at the same revision: compacted away for both, or for neither.
+        let leases = match &live {
+            Err(e) => Err(e.clone()),
+            Ok(_) => Ok(live_leases()),
+        };
         judge(&Facts {
             chain: c,
             resumed_after_hole: false,
             live: &live,
+            live_leases: &leases,
             replay: Some(Ok(r)),
             scratch: scratch.as_ref(),
         })
@@ -467,11 +628,12 @@ mod tests {
         );
         assert!(d.detail.contains("revisions 21..24"), "{}", d.detail);
         let live = Ok(hash(7, 0));
-        let scratch = Ok(hash(7, 0));
+        let scratch = at(Ok(hash(7, 0)));
         let resumed = judge(&Facts {
             chain: &c,
             resumed_after_hole: true,
             live: &live,
+            live_leases: &Ok(live_leases()),
             replay: Some(Ok(&r)),
             scratch: Some(&scratch),
         });
@@ -489,6 +651,10 @@ mod tests {
             chain: &c,
             resumed_after_hole: false,
             live: &live,
+            live_leases: &Err(SourceError::Other {
+                endpoint: String::new(),
+                detail: "not asked".into(),
+            }),
             replay: None,
             scratch: None,
         });
@@ -508,10 +674,85 @@ mod tests {
             chain: &c,
             resumed_after_hole: false,
             live: &live,
+            live_leases: &Ok(live_leases()),
             replay: Some(Err(&e)),
             scratch: None,
         });
         assert!(!d.passed);
         assert!(d.detail.contains("revision 17"), "{}", d.detail);
+    }
+
+    #[test]
+    fn a_replay_whose_leases_differ_from_the_live_ones_fails_the_drill_naming_the_lease() {
+        let c = chain_of(&[(11, 30)]);
+        let r = replayed(&c, 30, None);
+        let judged_with = |leases: Result<LeaseView, String>| {
+            let scratch = AtRevision {
+                hash: Ok(hash(7, 0)),
+                leases,
+            };
+            judge(&Facts {
+                chain: &c,
+                resumed_after_hole: false,
+                live: &Ok(hash(7, 0)),
+                live_leases: &Ok(live_leases()),
+                replay: Some(Ok(&r)),
+                scratch: Some(&scratch),
+            })
+        };
+        let d = judged_with(Ok(replayed_leases(30)));
+        assert!(d.passed, "{d:?}");
+        assert_eq!(d.leases, LeaseCheck::Match { leases: 1 });
+        // The hash matches, the lease was granted another TTL.
+        let d = judged_with(Ok(replayed_leases(60)));
+        assert!(!d.passed, "{d:?}");
+        assert_eq!(d.check.word(), "match");
+        assert_eq!(d.leases.word(), "mismatch");
+        assert!(
+            d.detail
+                .contains("lease 7 is granted 60 s in the replayed etcd, 30 s on the live"),
+            "{}",
+            d.detail
+        );
+        // The lease is gone.
+        let d = judged_with(Ok(LeaseView {
+            held: BTreeMap::new(),
+            ..replayed_leases(30)
+        }));
+        assert!(!d.passed);
+        assert!(d.detail.contains("lease 7 (2 keys"), "{}", d.detail);
+        // A lease expired in the throw-away etcd while it was read: not R's leases any more.
+        let d = judged_with(Ok(LeaseView {
+            served: 31,
+            held: BTreeMap::new(),
+            ..replayed_leases(30)
+        }));
+        assert!(d.passed, "{d:?}");
+        assert_eq!(d.leases.word(), "skipped");
+        // The throw-away etcd did not answer.
+        let d = judged_with(Err("lease list: no answer".into()));
+        assert!(!d.passed);
+        assert_eq!(d.leases.word(), "failed");
+    }
+
+    #[test]
+    fn a_live_cluster_compacted_past_the_archive_skips_the_leases_too() {
+        let c = chain_of(&[(11, 30)]);
+        let r = replayed(&c, 30, None);
+        let compacted = || SourceError::Compacted {
+            endpoint: "e".into(),
+            revision: 30,
+        };
+        let d = judge(&Facts {
+            chain: &c,
+            resumed_after_hole: false,
+            live: &Err(compacted()),
+            live_leases: &Err(compacted()),
+            replay: Some(Ok(&r)),
+            scratch: None,
+        });
+        assert!(d.passed, "{d:?}");
+        assert_eq!(d.leases.word(), "skipped");
+        assert!(d.detail.contains("leases not compared"), "{}", d.detail);
     }
 }

@@ -6,11 +6,14 @@
 //! [`segment`] is the stored form of one segment (pure); [`chain`] picks, from the
 //! manifests alone, which segments continue a snapshot and where the chain ends (pure);
 //! [`stored`] puts and gets them in the store; [`drill`] proves the archive continuing a
-//! snapshot replays to the live cluster's hash; [`watch`] holds the etcd calls the
+//! snapshot replays to the live cluster's hash and leases ([`leases`], pure, compares them;
+//! [`lease_read`] asks an etcd for them); [`watch`] holds the etcd calls the
 //! [`writer`] makes to archive the changes of the local member, round after round.
 
 pub mod chain;
 pub mod drill;
+pub mod lease_read;
+pub mod leases;
 pub mod replay;
 pub mod segment;
 pub mod stored;

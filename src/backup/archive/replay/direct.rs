@@ -21,6 +21,7 @@ use std::time::Instant;
 use super::encode::{
     key_value, lease_value, main_of, read_key_value, revision_key, tombstone_value, Live,
 };
+use super::lease_history::LeaseHistory;
 use super::plan::{leases_to_grant, step, EarlyStop, Step, Target};
 use super::{io, ReplayError, Replayed};
 use crate::backup::archive::segment::{Op, Revision};
@@ -163,6 +164,9 @@ pub(super) struct Gathered {
     reached: bool,
     /// The last revision the replay will apply.
     last: i64,
+    /// The leases the revisions name, as the segments say (what the seal checks the
+    /// written file's leases with).
+    leases: LeaseHistory,
 }
 
 /// The first pass: fetches and checks the segments continuing revision `current` up to
@@ -181,6 +185,7 @@ async fn gather(
         stopped: None,
         reached: false,
         last: current,
+        leases: LeaseHistory::default(),
     };
     for m in segments {
         if m.last_revision <= g.last {
@@ -216,6 +221,7 @@ async fn gather(
             }
             any = true;
             g.last = rev.revision;
+            g.leases.record(rev, &segment.leases);
             for (sub, op) in rev.ops.iter().enumerate() {
                 let (Op::Put { key, .. } | Op::Delete { key }) = op;
                 let last = (rev.revision, sub as i64);
@@ -471,7 +477,8 @@ fn append_into(
 
 /// Replays the gathered segments into `output` (the snapshot at revision `current`, as
 /// [`file_revision`] says), keeping the fetched segments under `dir`. Returns the entries
-/// of the written file's `key` bucket (None: nothing to replay, nothing written).
+/// of the written file's `key` bucket and the leases the archive says the replayed
+/// revisions name (None: nothing to replay, nothing written).
 /// `Ok(Err(_))`: the file cannot take them and is as it was; the replay goes another way.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn replay_into(
@@ -482,7 +489,7 @@ pub(super) async fn replay_into(
     target: Target,
     dir: &Path,
     done: &mut Replayed,
-) -> Result<Result<Option<Appended>, Unfit>, ReplayError> {
+) -> Result<Result<Option<(Appended, LeaseHistory)>, Unfit>, ReplayError> {
     let started = Instant::now();
     let g = gather(store, segments, current, target, dir).await?;
     let (g, written) = tokio::task::spawn_blocking(move || {
@@ -518,7 +525,7 @@ pub(super) async fn replay_into(
             });
         }
     }
-    Ok(Ok(w.appended))
+    Ok(Ok(w.appended.map(|a| (a, g.leases))))
 }
 
 #[cfg(test)]

@@ -131,6 +131,47 @@ pub fn read_key_value(b: &[u8]) -> Option<(&[u8], Live)> {
     Some((key.unwrap_or(&[]), live))
 }
 
+/// The change number of an etcd revision key (its `sub`).
+pub fn sub_of(k: &[u8]) -> Option<i64> {
+    main_of(k)?;
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&k[9..17]);
+    Some(i64::from_be_bytes(s))
+}
+
+/// The integer field `field` of an encoded protobuf message (0 when absent, as etcd's
+/// decoder reads it); None when the message does not decode.
+fn read_int(b: &[u8], field: u64) -> Option<i64> {
+    let (mut at, mut out) = (0, 0i64);
+    while at < b.len() {
+        let tag = read_varint(b, &mut at)?;
+        match tag & 7 {
+            0 => {
+                let x = read_varint(b, &mut at)? as i64;
+                if tag >> 3 == field {
+                    out = x;
+                }
+            }
+            2 => {
+                let len = usize::try_from(read_varint(b, &mut at)?).ok()?;
+                at = at.checked_add(len).filter(|end| *end <= b.len())?;
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The lease an encoded `KeyValue` is attached to (0: none).
+pub fn read_key_lease(b: &[u8]) -> Option<i64> {
+    read_int(b, 6)
+}
+
+/// The ID and granted TTL of an encoded `leasepb.Lease`.
+pub fn read_lease_value(b: &[u8]) -> Option<(i64, i64)> {
+    Some((read_int(b, 1)?, read_int(b, 2)?))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -156,5 +197,32 @@ mod tests {
         );
         assert_eq!(tombstone_value(b"k"), vec![0x0a, 1, b'k']);
         assert_eq!(lease_value(0x1234, 60), vec![0x08, 0xb4, 0x24, 0x10, 60]);
+    }
+
+    #[test]
+    fn a_keys_lease_and_a_leases_id_and_ttl_read_back_as_written() {
+        let live = Live {
+            create: 2,
+            version: 1,
+        };
+        assert_eq!(
+            read_key_lease(&key_value(b"k", live, 300, b"v", 0x694d)),
+            Some(0x694d)
+        );
+        assert_eq!(
+            read_key_lease(&key_value(b"k", live, 300, b"v", 0)),
+            Some(0)
+        );
+        assert_eq!(read_key_lease(&tombstone_value(b"k")), Some(0));
+        assert_eq!(
+            read_lease_value(&lease_value(0x1234, 60)),
+            Some((0x1234, 60))
+        );
+        // etcd's checkpointed remaining TTL (field 3) is not the granted one.
+        let mut checkpointed = lease_value(0x1234, 60);
+        checkpointed.extend_from_slice(&[0x18, 17]);
+        assert_eq!(read_lease_value(&checkpointed), Some((0x1234, 60)));
+        assert_eq!(read_key_lease(&[0x0a, 9, b'k']), None, "cut short");
+        assert_eq!(sub_of(&revision_key(7, 3, true)), Some(3));
     }
 }

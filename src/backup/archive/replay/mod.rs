@@ -25,6 +25,7 @@ mod api;
 pub mod direct;
 pub mod encode;
 mod latest;
+pub mod lease_history;
 mod leases;
 mod pipeline;
 mod plan;
@@ -41,6 +42,8 @@ use etcd_client::{Client, ConnectOptions};
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
+use super::lease_read::{self, ReadError, Scope};
+use super::leases::LeaseView;
 use super::segment::Segment;
 use super::stored;
 use super::{chain, SegmentManifest};
@@ -227,11 +230,20 @@ enum Finish<'a> {
     HashAt { revision: i64, compact: Option<i64> },
 }
 
+/// What the archive drill asks the throw-away etcd once it reached its revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtRevision {
+    /// Its `HashKV` there.
+    pub hash: Result<KvHash, String>,
+    /// Its leases there (every lease it holds, with its keys).
+    pub leases: Result<LeaseView, String>,
+}
+
 /// Replays `segments` onto `snapshot` up to revision `at` (as [`replay`] does, without the
-/// revision jump) and, when the scratch etcd reached `at`, returns its `HashKV` there; first
-/// compacted to `compact` (the live cluster's compacted revision) when that is above the
-/// snapshot's own, so the two hashes cover the same revisions. No file is written:
-/// [`Replayed::file`] is empty. The archive drill's replay.
+/// revision jump) and, when the scratch etcd reached `at`, returns its `HashKV` and its
+/// leases there; first compacted to `compact` (the live cluster's compacted revision) when
+/// that is above the snapshot's own, so the two hashes cover the same revisions. No file is
+/// written: [`Replayed::file`] is empty. The archive drill's replay.
 pub async fn replay_and_hash(
     store: &Store,
     snapshot: &Path,
@@ -240,7 +252,7 @@ pub async fn replay_and_hash(
     at: i64,
     compact: Option<i64>,
     setup: &ReplaySetup,
-) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
+) -> Result<(Replayed, Option<AtRevision>), ReplayError> {
     let finish = Finish::HashAt {
         revision: at,
         compact,
@@ -265,7 +277,7 @@ async fn replay_then(
     target: Target,
     setup: &ReplaySetup,
     finish: Finish<'_>,
-) -> Result<(Replayed, Option<Result<KvHash, String>>), ReplayError> {
+) -> Result<(Replayed, Option<AtRevision>), ReplayError> {
     let args = (
         store,
         snapshot,
@@ -317,7 +329,7 @@ type Args<'a> = (
     Finish<'a>,
 );
 
-type Outcome = (Replayed, Option<Result<KvHash, String>>);
+type Outcome = (Replayed, Option<AtRevision>);
 
 /// One replay from the snapshot, by `method`. `Ok(Err(_))`: the file could not take the
 /// revisions, or the throw-away etcd did not serve what was written (nothing of it is
@@ -552,7 +564,15 @@ async fn run(
         }
         Finish::HashAt { revision, compact } if done.last_revision >= revision => {
             let hash = hash_at(&client, revision, compact).await;
-            (done, Some(hash))
+            // The scratch etcd serves exactly `revision`: its whole lease list is that
+            // revision's.
+            let leases = lease_read::read(&client, revision, Scope::All, CALL_TIMEOUT)
+                .await
+                .map_err(|e| match e {
+                    ReadError::Compacted => format!("its revision {revision} is compacted away"),
+                    ReadError::Failed(why) => why,
+                });
+            (done, Some(AtRevision { hash, leases }))
         }
         Finish::HashAt { .. } => (done, None),
     };
