@@ -539,6 +539,75 @@ fn an_unreadable_leave_or_restore_marker_makes_init_wait_naming_it() {
     );
 }
 
+/// The survivor of a recovery whose marker is torn: read as "no marker", the request still
+/// held would force a second new cluster on it. init waits, naming the file.
+#[test]
+fn an_unreadable_recovery_marker_never_forces_a_second_new_cluster() {
+    let mut f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(503)
+    };
+    assert!(
+        matches!(decide(&f).action, Action::Recover { first: true, .. }),
+        "without the marker, the held request forces a new cluster"
+    );
+    for broken in [
+        "recovery marker /data/member/steward/recovery.json: EOF while parsing an object at line 1 column 9",
+        "recovery marker /data/member/steward/recovery.json: expected value at line 1 column 1",
+    ] {
+        f.data.unreadable_markers = vec![broken.into()];
+        assert_waits(&decide(&f), &["recovery.json", "a recovery", "nothing is done"]);
+    }
+}
+
+/// A pod that prepared a formation (its nonce in the others' token) whose marker is torn:
+/// read as "no marker" it would prepare afresh with a new nonce. init waits, naming it.
+#[test]
+fn an_unreadable_formation_marker_never_prepares_afresh() {
+    let mut f = facts();
+    f.peers = vec![prepared_peer(0, "n0"), prepared_peer(2, "n2")];
+    assert!(
+        matches!(
+            decide(&f).action,
+            Action::Bootstrap(Bootstrap::Prepare { .. })
+        ),
+        "without the marker, a fresh nonce is prepared"
+    );
+    for broken in [
+        "formation marker /data/member/steward/formation.json: EOF while parsing a string at line 1 column 12",
+        "formation marker /data/member/steward/formation.json: Input/output error (os error 5)",
+    ] {
+        f.data.unreadable_markers = vec![broken.into()];
+        assert_waits(&decide(&f), &["formation.json", "a formation", "the data is kept"]);
+    }
+}
+
+/// A decision journal, or a list of rejected snapshots, that cannot be read is not "empty":
+/// init waits, naming the file (a recovery would be recorded again; a snapshot that failed
+/// here chosen again).
+#[test]
+fn an_unreadable_journal_or_rejected_list_makes_init_wait_naming_it() {
+    let mut f = Facts {
+        recovery_request: Some(request_for(0)),
+        ..survivor_facts(500)
+    };
+    f.data.unreadable_markers = vec![
+        r#"decision journal "/data/member/steward/decisions.jsonl", line 2: not an entry of any release (expected value at line 1 column 1)"#.into(),
+    ];
+    assert_waits(
+        &decide(&f),
+        &["decisions.jsonl", "line 2", "what init already did"],
+    );
+    let mut f = facts();
+    f.data.unreadable_markers = vec![
+        "list of rejected snapshots /data/member/steward/rejected-snapshots.json: EOF while parsing a list".into(),
+    ];
+    assert_waits(
+        &decide(&f),
+        &["rejected-snapshots.json", "which snapshots failed here"],
+    );
+}
+
 fn restore_request() -> RestoreRequest {
     RestoreRequest {
         id: "restore-1".into(),

@@ -116,6 +116,11 @@ const SAME_LAYER_ALLOWED: &[(&str, &str, &str)] = &[
         "etcd",
         "a snapshot is streamed from etcd, with etcd's credentials (`Auth`)",
     ),
+    (
+        "backup",
+        "volume",
+        "a restore writes its marker in the data directory as every marker there is written, durably (`write_atomically`)",
+    ),
 ];
 
 /// Roles importing another role: (from, to, why). Empty by design: what two roles share

@@ -242,13 +242,33 @@ pub fn create_private_dir(dir: &Path) -> Result<(), RestoreError> {
     super::scratch::create_private_dir(dir).map_err(io("create", dir))
 }
 
-fn sync_dir(dir: &Path) {
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
+/// Makes `dir`'s entries durable (the files created, renamed or removed in it); an error
+/// names the directory and the step it was synced after.
+fn sync_dir(dir: &Path, after: &'static str) -> Result<(), RestoreError> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(io(after, dir))
 }
 
-/// Moves `path` aside under `member/steward/set-aside/` (never deletes it); logs where.
+/// Syncs every file and directory under `dir` (etcd's tool wrote them): before the WAL is
+/// moved into place, what it points at is on disk.
+fn sync_tree(dir: &Path) -> Result<(), RestoreError> {
+    for entry in std::fs::read_dir(dir).map_err(io("read", dir))? {
+        let path = entry.map_err(io("read", dir))?.path();
+        let meta = std::fs::symlink_metadata(&path).map_err(io("read", &path))?;
+        if meta.is_dir() {
+            sync_tree(&path)?;
+        } else if meta.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io("fsync the restored file", &path))?;
+        }
+    }
+    sync_dir(dir, "fsync the restored directory")
+}
+
+/// Moves `path` aside under `member/steward/set-aside/` (never deletes it), durably; logs
+/// where.
 fn set_aside(data_dir: &Path, path: &Path, what: &str) -> Result<(), RestoreError> {
     let dir = data_dir.join("member").join("steward").join("set-aside");
     create_private_dir(&dir)?;
@@ -257,9 +277,18 @@ fn set_aside(data_dir: &Path, path: &Path, what: &str) -> Result<(), RestoreErro
         .map(|d| d.as_millis())
         .unwrap_or(0);
     let to = dir.join(format!("{what}-before-restore-{stamp}"));
-    std::fs::rename(path, &to).map_err(io("rename", path))?;
+    std::fs::rename(path, &to).map_err(io("set aside (rename)", path))?;
+    sync_dir(&dir, "fsync after setting aside")?;
+    if let Some(from) = path.parent() {
+        sync_dir(from, "fsync after setting aside")?;
+    }
     tracing::warn!(from = %path.display(), to = %to.display(), "found in the way of the restore, set aside");
     Ok(())
+}
+
+/// Does `path` exist? An error (not "no") when that cannot be told.
+fn exists(path: &Path) -> Result<bool, RestoreError> {
+    path.try_exists().map_err(io("look at", path))
 }
 
 /// Restores `snapshot` (a verified local file) into `data_dir` for `member`. Refuses a
@@ -286,9 +315,9 @@ pub async fn restore_into(
     }
     create_private_dir(&staging)?;
     let out = staging.join("out");
-    if !complete.exists() {
+    if !exists(&complete)? {
         // A partial result of an earlier run: the agent's own scratch, redone.
-        if out.exists() {
+        if exists(&out)? {
             std::fs::remove_dir_all(&out).map_err(io("remove", &out))?;
         }
         tool.restore(snapshot, member, &out)
@@ -297,18 +326,24 @@ pub async fn restore_into(
                 name: name.to_string(),
                 error,
             })?;
-        std::fs::write(&complete, name).map_err(io("write", &complete))?;
-        sync_dir(&staging);
+        // The output on disk before the marker that says it is whole, and the marker on
+        // disk (file, then directory) before anything moves: a restore killed after this
+        // point finishes the moves, it never runs the tool over half-moved output.
+        sync_tree(&out)?;
+        crate::volume::write_atomically(&complete, name.as_bytes())
+            .map_err(io("write the restore's complete marker", &complete))?;
     }
     for part in ["snap", "wal"] {
         let from = out.join("member").join(part);
         let to = member_dir.join(part);
-        if from.exists() {
-            if to.exists() {
+        if exists(&from)? {
+            if exists(&to)? {
                 set_aside(data_dir, &to, part)?;
             }
-            std::fs::rename(&from, &to).map_err(io("rename", &from))?;
-            sync_dir(&member_dir);
+            std::fs::rename(&from, &to).map_err(io("move into place (rename)", &from))?;
+            // The WAL's arrival is the commit point: durable before it is reported done.
+            sync_dir(&member_dir, "fsync after moving into place")?;
+            sync_dir(&out.join("member"), "fsync after moving into place")?;
         }
     }
     cleanup(&staging, snapshot)?;
@@ -329,7 +364,10 @@ fn cleanup(staging: &Path, snapshot: &Path) -> Result<(), RestoreError> {
     if complete.exists() {
         std::fs::remove_file(&complete).map_err(io("remove", &complete))?;
     }
-    let _ = std::fs::remove_dir(staging);
+    // Tidying only: a staging directory left (not empty) holds nothing a rerun needs.
+    if let Err(e) = std::fs::remove_dir(staging) {
+        tracing::debug!(staging = %staging.display(), error = %e, "restore staging directory kept");
+    }
     Ok(())
 }
 
@@ -479,6 +517,94 @@ mod tests {
         assert_eq!(std::fs::read(&dest).unwrap(), src.stream);
         std::fs::remove_file(&dest).unwrap();
         assert!(!verified_here(&dest), "a file gone is not there to trust");
+    }
+
+    /// A stand-in for `etcdutl snapshot restore`: writes a member directory (`snap/db` and
+    /// a WAL) under its `--data-dir`.
+    fn fake_etcdutl(dir: &Path) -> EtcdTool {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("etcdutl");
+        std::fs::write(
+            &bin,
+            "#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --data-dir ] && d=\"$2\"; shift; done\n\
+             mkdir -p \"$d/member/snap\" \"$d/member/wal\" && echo db > \"$d/member/snap/db\" && \
+             echo wal > \"$d/member/wal/0000000000000000-0000000000000000.wal\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        EtcdTool::from_bin(bin)
+    }
+
+    /// `restore_into`, again while the fake tool is "text file busy" (a test thread that
+    /// forked while the script was being written still holds it open).
+    async fn restore_with(
+        tool: &EtcdTool,
+        snapshot: &Path,
+        data: &Path,
+    ) -> Result<Restored, RestoreError> {
+        let member = MemberParams {
+            name: "etcd-0".into(),
+            initial_cluster: "etcd-0=http://x:2380".into(),
+            token: "t".into(),
+            peer_url: "http://x:2380".into(),
+        };
+        for _ in 0..50 {
+            match restore_into(tool, snapshot, "s", &member, data).await {
+                Err(RestoreError::Tool {
+                    error: ToolError::Spawn { error, .. },
+                    ..
+                }) if error.raw_os_error() == Some(26) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                other => return other,
+            }
+        }
+        Err(RestoreError::HasData {
+            path: "text file busy".into(),
+        })
+    }
+
+    /// The restore's own writes and moves are checked: a `complete` marker that cannot be
+    /// written, or a move into place that fails, is an error naming the file, the volume
+    /// stays empty to etcd (no WAL), and run again once the obstacle is gone the restore
+    /// finishes.
+    #[tokio::test]
+    async fn a_restore_whose_marker_or_move_fails_is_an_error_and_run_again_it_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snapshot, data) = (dir.path().join("s.db"), dir.path().join("data"));
+        std::fs::write(&snapshot, b"a snapshot").unwrap();
+        let tool = fake_etcdutl(dir.path());
+        let staging = staging_dir(&data);
+        // The marker's temporary file cannot be created: a directory holds its name.
+        std::fs::create_dir_all(staging.join("out.tmp/x")).unwrap();
+        let e = restore_with(&tool, &snapshot, &data).await.unwrap_err();
+        assert!(
+            matches!(e, RestoreError::Io { .. }) && e.to_string().contains("complete marker"),
+            "{e}"
+        );
+        assert!(!has_wal(&data).unwrap(), "nothing committed");
+        assert!(!staging.join(COMPLETE).exists());
+        std::fs::remove_dir_all(staging.join("out.tmp")).unwrap();
+        // Old files in the way of `member/snap`, and a file where they go aside.
+        std::fs::create_dir_all(data.join("member/snap")).unwrap();
+        std::fs::write(data.join("member/snap/old"), b"old").unwrap();
+        let set_aside = data.join("member/steward/set-aside");
+        std::fs::write(&set_aside, b"in the way").unwrap();
+        let e = restore_with(&tool, &snapshot, &data).await.unwrap_err();
+        assert!(e.to_string().contains("set-aside"), "{e}");
+        assert!(!has_wal(&data).unwrap(), "nothing committed");
+        assert!(staging.join(COMPLETE).exists(), "the whole output is kept");
+        // The file moved away: run again, it finishes.
+        std::fs::rename(&set_aside, dir.path().join("moved")).unwrap();
+        assert_eq!(
+            restore_with(&tool, &snapshot, &data).await.unwrap(),
+            Restored::Now
+        );
+        assert!(has_wal(&data).unwrap());
+        assert_eq!(std::fs::read(data.join("member/snap/db")).unwrap(), b"db\n");
+        let aside: Vec<_> = std::fs::read_dir(&set_aside).unwrap().collect();
+        assert_eq!(aside.len(), 1, "the old snap/ went aside, not away");
+        assert!(!staging.exists(), "the staging directory is cleaned up");
     }
 
     #[tokio::test]

@@ -305,8 +305,10 @@ pub enum Why {
         listed: bool,
     },
     Left,
-    /// A leave or restore marker exists but cannot be read: what it says is unknown, so
-    /// nothing is decided on the volume until someone looks.
+    /// A record of the agent's own on the volume (the leave, restore, formation or
+    /// recovery marker, the rejected snapshots, the decision journal) exists but cannot be
+    /// read or parsed, each named with its error: what it says is unknown, so nothing is
+    /// decided on the volume until someone looks.
     MarkerUnreadable {
         markers: Vec<String>,
     },
@@ -409,7 +411,7 @@ impl std::fmt::Display for Why {
             Why::LeftAndRemoved { member } => write!(f, "this pod left the cluster (etcd-steward leave) and member {member:x} is removed: its data is set aside (renamed, not deleted)"),
             Why::LeaveNotDone { member, listed } => write!(f, "this pod is leaving the cluster (etcd-steward leave), but {}: its data is kept; run etcd-steward leave --yes again", if *listed { format!("the cluster still lists member {member:x}") } else { "no cluster answered to confirm the member is removed".to_string() }),
             Why::Left => write!(f, "this pod left the cluster (etcd-steward leave): it does not rejoin until etcd-steward rejoin is run in it, or its volume is replaced"),
-            Why::MarkerUnreadable { markers } => write!(f, "{} cannot be read, so whether this pod left the cluster or was already set aside for a restore is unknown: nothing is done on this volume until the file is repaired or moved away (the data is kept)", markers.join("; ")),
+            Why::MarkerUnreadable { markers } => write!(f, "cannot read {}: what this volume's own records say (whether this pod left the cluster, was already set aside for a restore, took part in a formation or a recovery, which snapshots failed here, what init already did) is unknown, so nothing is done on this volume until the file is repaired or moved away (the data is kept)", markers.join("; ")),
             Why::OwnNameNotPublished { host, then } => write!(f, "this pod's own DNS name ({host}) is not published yet; etcd refuses to start until it resolves (decided: {}, {})", then.action.name(), then.why),
             Why::OwnNameFails { host, error, then } => write!(f, "this pod's own DNS name ({host}) cannot be resolved: {error} (decided: {}, {})", then.action.name(), then.why),
             Why::VersionHeld { hold, then } => write!(f, "{hold} (decided: {}, {})", then.action.name(), then.why),

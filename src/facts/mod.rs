@@ -178,8 +178,9 @@ pub struct DataDirState {
     /// Snapshots this pod downloaded for a restore and could not use, with what was
     /// wanting (`member/steward/rejected-snapshots.json`).
     pub rejected_snapshots: Vec<Rejection>,
-    /// Markers that exist but could not be read or parsed (the leave marker, the restore
-    /// marker), each naming its file and the error: `init` waits, saying which.
+    /// The agent's own records that exist but could not be read or parsed (the leave,
+    /// restore, formation and recovery markers, the rejected snapshots, the decision
+    /// journal), each naming its file and the error: `init` waits, saying which.
     pub unreadable_markers: Vec<String>,
 }
 

@@ -174,6 +174,12 @@ fn exec(init: &InitConfig, mode: &StartMode, release: Option<EtcdVersion>) -> Ou
     }
 }
 
+/// When `init` last acted on the volume, by its journal (`None`: never, or the journal
+/// cannot be read).
+fn last_act(dir: &std::path::Path) -> Option<u64> {
+    volume::journal::read(dir).ok()?.pop().map(|e| e.ts)
+}
+
 /// The waiting note on the volume, as last written by this init (or, at start, as a
 /// previous one left it while it is still current). Writing it never stops init: an error
 /// is logged and the note is tried again at the next change.
@@ -184,7 +190,9 @@ struct Note {
 
 impl Note {
     fn load(dir: &std::path::Path) -> Note {
-        let last_act = volume::journal::read(dir).pop().map(|e| e.ts);
+        // Only dates the note shown in `/ready` and `status`: with the journal unreadable
+        // the note is taken as it is (init then waits, naming the journal, and writes anew).
+        let last_act = last_act(dir);
         Note {
             dir: dir.to_path_buf(),
             held: volume::marker::waiting(dir).filter(|w| w.current(last_act)),
@@ -199,7 +207,7 @@ impl Note {
             waiting::Change::Write(mut w) => {
                 // Dated after init's last act, even one in the same second (a set-aside, a
                 // join): readers take a note no newer than the last act for one left behind.
-                let last_act = volume::journal::read(&self.dir).pop().map(|e| e.ts);
+                let last_act = last_act(&self.dir);
                 w.since = w.since.max(last_act.map_or(0, |ts| ts + 1));
                 volume::marker::write_waiting(&self.dir, &w).map(|()| Some(w))
             }

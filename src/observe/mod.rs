@@ -117,9 +117,11 @@ where
             _ => None,
         };
         let deadline = match (self.starting, data.has_data()) {
+            // An unreadable journal is named in `data.unreadable_markers` (init waits on
+            // it); here it vouches for nothing, which only lengthens the deadline.
             (true, has_data) => cluster_deadline(
                 has_data,
-                &volume::journal::read(&cfg.data_dir),
+                &volume::journal::read(&cfg.data_dir).unwrap_or_default(),
                 own_report.as_ref(),
                 data.wal_identity(),
                 &id.peer_url(id.ordinal),

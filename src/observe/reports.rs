@@ -148,7 +148,8 @@ impl HttpReports {
         match status {
             200 => {}
             404 => return Err("its sidecar serves no history (an older release)".into()),
-            other => return Err(format!("answered HTTP {other}")),
+            // A sidecar that cannot read its volume's journal says which file, and why.
+            other => return Err(answered(other, &body)),
         }
         let history: PodHistory = serde_json::from_slice(&body)
             .map_err(|e| format!("not a history of the expected shape: {e}"))?;
@@ -178,9 +179,22 @@ pub async fn fetch_report(
                 other => ReportError::Failed(other.to_string()),
             })?;
     if status != 200 {
-        return Err(ReportError::Failed(format!("answered HTTP {status}")));
+        return Err(ReportError::Failed(answered(status, &body)));
     }
     parse_report(&body, name).map_err(|e| ReportError::Failed(e.to_string()))
+}
+
+/// A sidecar's answer other than 200: the status, and what it said (a sidecar that cannot
+/// read its volume's records names the file).
+fn answered(status: u16, body: &[u8]) -> String {
+    let said = String::from_utf8_lossy(body);
+    match said.trim() {
+        "" => format!("answered HTTP {status}"),
+        said => format!(
+            "answered HTTP {status}: {}",
+            said.chars().take(2000).collect::<String>()
+        ),
+    }
 }
 
 /// Why a peer's report was not had.

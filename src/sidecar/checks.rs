@@ -92,7 +92,8 @@ where
             },
             other => other,
         };
-        let rejected = volume::marker::rejected_snapshots(&self.obs.pod.data_dir);
+        let rejected = volume::marker::rejected_snapshots(&self.obs.pod.data_dir)
+            .map_err(|e| format!("cannot read the list of rejected snapshots {e}"))?;
         match crate::decision::snapshot_choice(&listed, &rejected) {
             Ok(Some(name)) if name == r.snapshot => Ok(()),
             Ok(_) => Err(format!("snapshot {} is not in the store", r.snapshot)),

@@ -65,6 +65,8 @@ pub struct Journal {
     path: PathBuf,
     signature: Option<(u64, Option<SystemTime>)>,
     view: JournalView,
+    /// The error last said of a journal that cannot be read.
+    unreadable: Option<String>,
 }
 
 impl Journal {
@@ -74,6 +76,7 @@ impl Journal {
             path: journal::path(data_dir),
             signature: None,
             view: JournalView::default(),
+            unreadable: None,
         }
     }
 
@@ -87,7 +90,20 @@ impl Journal {
             .ok()
             .map(|m| (m.len(), m.modified().ok()));
         if signature != self.signature {
-            let entries = journal::read(&self.data_dir);
+            // A journal that cannot be read keeps the view last read (its counts are not
+            // counted again, nor reset) and is read again next tick; it is said once.
+            let entries = match journal::read(&self.data_dir) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    let said = e.to_string();
+                    if self.unreadable.as_deref() != Some(said.as_str()) {
+                        tracing::warn!(error = %said, "the decision journal cannot be read: init's counts and last act are kept as last read until it is repaired or moved away");
+                        self.unreadable = Some(said);
+                    }
+                    return &self.view;
+                }
+            };
+            self.unreadable = None;
             let mut counts = BTreeMap::new();
             for e in &entries {
                 *counts.entry(e.action).or_insert(0) += 1;

@@ -136,6 +136,8 @@ pub struct InitEvents {
     posted: HashSet<String>,
     /// When each wait was last posted.
     waits: HashMap<(Reason, String), Instant>,
+    /// The error last said of a journal that cannot be read.
+    unreadable: Option<String>,
 }
 
 impl InitEvents {
@@ -150,6 +152,7 @@ impl InitEvents {
             last: None,
             posted: HashSet::new(),
             waits: HashMap::new(),
+            unreadable: None,
         }
     }
 
@@ -164,15 +167,29 @@ impl InitEvents {
             .ok()
             .map(|m| (m.len(), m.modified().ok()));
         if signature != self.signature {
-            self.signature = signature;
-            let entries = journal::read(&self.data_dir);
-            let oldest = self.oldest;
-            for e in entries.iter().filter(|e| e.ts >= oldest) {
-                if let Some((reason, note)) = act_of(e) {
-                    self.post(e.ts, reason, note);
+            // A journal that cannot be read posts no act (and forgets none posted): it is
+            // read again at the next look, and said once meanwhile. What init waits for
+            // (it waits on that journal) is still posted below.
+            match journal::read(&self.data_dir) {
+                Ok(entries) => {
+                    self.unreadable = None;
+                    self.signature = signature;
+                    let oldest = self.oldest;
+                    for e in entries.iter().filter(|e| e.ts >= oldest) {
+                        if let Some((reason, note)) = act_of(e) {
+                            self.post(e.ts, reason, note);
+                        }
+                    }
+                    self.last = entries.into_iter().last();
+                }
+                Err(e) => {
+                    let said = e.to_string();
+                    if self.unreadable.as_deref() != Some(said.as_str()) {
+                        tracing::warn!(error = %said, "the decision journal cannot be read: init's acts are not posted as Events until it is repaired or moved away");
+                        self.unreadable = Some(said);
+                    }
                 }
             }
-            self.last = entries.into_iter().last();
         }
         if let Some(e) = &self.last {
             if etcd_running && e.action == ActionKind::Recover && e.ts >= self.oldest {

@@ -392,9 +392,20 @@ impl RecoveryDuty {
             return Some(self.restore_tick(&r));
         }
         let request = self.inbox.current()?;
-        let marker = crate::volume::marker::recovery(&self.data_dir)
-            .ok()
-            .flatten();
+        // A recovery marker that cannot be read is never "no marker": that would stop the
+        // survivor's etcd again, and force a second new cluster. Nothing is stopped; init
+        // waits on the same file.
+        let marker = match crate::volume::marker::recovery(&self.data_dir) {
+            Ok(marker) => marker,
+            Err(e) => {
+                let text = format!(
+                    "recovery {}: cannot read the recovery marker {e}: whether init already forced this volume to a one-member cluster for it is unknown: etcd is not stopped for it, and init waits until the file is repaired or moved away",
+                    request.id
+                );
+                self.report(&request.id, &text, true);
+                return Some(text);
+            }
+        };
         let Some(r) = must_stop_etcd(&self.me, Some(&request), marker.as_ref()) else {
             return Some(match marker {
                 Some(m) if m.id == request.id => format!(
@@ -414,10 +425,26 @@ impl RecoveryDuty {
     /// A restore of the live cluster: every pod whose volume still holds data it was not
     /// set aside for stops its etcd, so that `init` sets the data aside and re-forms.
     fn restore_tick(&mut self, r: &crate::facts::RestoreRequest) -> String {
-        let state = crate::volume::inspect(&self.data_dir).ok();
-        let pending = state
-            .as_ref()
-            .is_some_and(|s| s.has_data() && s.restored_for.as_deref() != Some(r.id.as_str()));
+        // A volume that cannot be read, or whose markers cannot, is never taken as done
+        // (nor as pending: init would only wait on it with its etcd stopped).
+        let state = match crate::volume::inspect(&self.data_dir) {
+            Ok(s) if s.unreadable_markers.is_empty() => s,
+            Ok(s) => {
+                let text = format!(
+                    "restore {}: cannot read {}: etcd is not stopped for it, and init waits until the file is repaired or moved away",
+                    r.id,
+                    s.unreadable_markers.join("; ")
+                );
+                self.report(&r.id, &text, true);
+                return text;
+            }
+            Err(e) => {
+                let text = format!("restore {}: {e}: etcd is not stopped for it", r.id);
+                self.report(&r.id, &text, true);
+                return text;
+            }
+        };
+        let pending = state.has_data() && state.restored_for.as_deref() != Some(r.id.as_str());
         if pending {
             self.stop_etcd(&r.id, "the cluster is restored to a snapshot")
         } else {
@@ -442,11 +469,20 @@ impl RecoveryDuty {
             ),
             Stop::Failed(e) => format!("{id}: {why}; cannot stop etcd: {e}"),
         };
-        if self.reported.as_deref() != Some(text.as_str()) {
-            tracing::info!(request = %id, state = %text, "recovery step");
-            self.reported = Some(text.clone());
-        }
+        self.report(id, &text, false);
         text
+    }
+
+    /// Logs the state of request `id`, once per state (a warning when it waits on a file
+    /// that cannot be read).
+    fn report(&mut self, id: &str, text: &str, unreadable: bool) {
+        if self.reported.as_deref() != Some(text) {
+            match unreadable {
+                true => tracing::warn!(request = %id, state = %text, "recovery step waits"),
+                false => tracing::info!(request = %id, state = %text, "recovery step"),
+            }
+            self.reported = Some(text.to_string());
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! written by an older release reads, and an older release skips what it does not know.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -77,48 +77,141 @@ pub fn path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("decisions.jsonl")
 }
 
-/// Appends one entry, durably.
+/// The journal could not be read: its entries are unknown, never "none" (read as empty, a
+/// recovery would be recorded, and counted, again).
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("decision journal {path:?}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A whole line (not the last, unfinished one) that is not an entry of any release.
+    #[error("decision journal {path:?}, line {line}: not an entry of any release ({detail})")]
+    Garbled {
+        path: PathBuf,
+        line: usize,
+        detail: String,
+    },
+}
+
+/// Appends one entry, durably: the line and its newline in one write, then `sync_data`.
+///
+/// A journal whose last line is unfinished (an append killed midway: only the last append
+/// can be, as each one is synced before `append` returns) is mended first. A last line that
+/// is a whole entry only lacks its newline, which is added. A torn one is an entry never
+/// recorded (its `append` never returned, so nothing counted on it): the journal is copied
+/// to `decisions.jsonl.torn-<length>` (kept, never deleted), then rewritten without the torn
+/// bytes, so that the new entry starts a line of its own rather than joining the fragment
+/// into a line no release can read.
 pub fn append(dir: &Path, entry: &Entry) -> Result<(), VolumeError> {
-    let line = serde_json::to_string(entry).unwrap_or_default();
+    let mut line = serde_json::to_string(entry).unwrap_or_default();
+    line.push('\n');
+    let journal = path(dir);
     let append = || -> std::io::Result<()> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(steward_dir(dir))?;
+        super::create_dir_durably(&steward_dir(dir))?;
+        let created = !journal.try_exists()?;
         let mut f = std::fs::OpenOptions::new()
+            .read(true)
             .append(true)
             .create(true)
             .mode(0o600)
-            .open(path(dir))?;
-        writeln!(f, "{line}")?;
+            .open(&journal)?;
+        if created {
+            // The journal's own entry in its directory, or a crash loses the whole file.
+            std::fs::File::open(steward_dir(dir))?.sync_all()?;
+        }
+        let mut text = Vec::new();
+        f.read_to_end(&mut text)?;
+        let kept = text.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        if kept < text.len() {
+            if lines_of(&text[kept..]).is_ok() {
+                f.write_all(b"\n")?;
+            } else {
+                let aside = journal.with_extension(format!("jsonl.torn-{}", text.len()));
+                std::fs::copy(&journal, &aside)?;
+                std::fs::File::open(&aside)?.sync_all()?;
+                let mut mended = text[..kept].to_vec();
+                mended.extend_from_slice(line.as_bytes());
+                super::write_atomically(&journal, &mended)?;
+                tracing::warn!(journal = %journal.display(), torn_copy = %aside.display(), torn_bytes = text.len() - kept, "the decision journal's last line was torn (an append killed midway, never recorded): the journal was copied aside and rewritten without it");
+                return Ok(());
+            }
+        }
+        f.write_all(line.as_bytes())?;
         f.sync_data()
     };
     append().map_err(VolumeError::unwritable(dir))
 }
 
-/// Every entry that parses, oldest first (a line this version does not know is skipped:
-/// the journal outlives upgrades).
-pub fn read(dir: &Path) -> Vec<Entry> {
-    let Ok(text) = std::fs::read_to_string(path(dir)) else {
-        return vec![];
+/// The entries of one line: usually one; more when an older release's append (the entry and
+/// its newline in two writes) was killed in between and the next one joined it. An entry of
+/// an action this release does not know (a newer one's) is skipped.
+fn lines_of(line: &[u8]) -> Result<Vec<Entry>, String> {
+    let mut entries = Vec::new();
+    for value in serde_json::Deserializer::from_slice(line).into_iter::<serde_json::Value>() {
+        let value = value.map_err(|e| e.to_string())?;
+        match serde_json::from_value::<Entry>(value.clone()) {
+            Ok(e) => entries.push(e),
+            Err(e) => match value.get("action").and_then(|a| a.as_str()) {
+                Some(action) if action.parse::<ActionKind>().is_err() => {}
+                _ => return Err(e.to_string()),
+            },
+        }
+    }
+    Ok(entries)
+}
+
+/// Every entry, oldest first; a missing journal is empty.
+///
+/// What is skipped: an entry of an action this release does not know (the journal outlives
+/// upgrades, and a newer release may have written it), and an unfinished last line that
+/// does not parse: a torn append, whose entry was never recorded (see [`append`]). Skipping
+/// it can only leave an act uncounted, never count one twice. Anything else that does not
+/// parse is an error naming the file and the line: the journal is unreadable, not empty.
+pub fn read(dir: &Path) -> Result<Vec<Entry>, JournalError> {
+    let journal = path(dir);
+    let text = match std::fs::read(&journal) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(source) => {
+            return Err(JournalError::Io {
+                path: journal,
+                source,
+            })
+        }
     };
-    text.lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    let finished = text.last().is_none_or(|b| *b == b'\n');
+    let lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+    let mut entries = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        match lines_of(line) {
+            Ok(found) => entries.extend(found),
+            Err(_) if !finished && i + 1 == lines.len() => {}
+            Err(detail) => {
+                return Err(JournalError::Garbled {
+                    path: journal,
+                    line: i + 1,
+                    detail,
+                })
+            }
+        }
+    }
+    Ok(entries)
 }
 
 /// The action of the last decision `init` recorded on this volume, if any.
-pub fn last_action(dir: &Path) -> Option<ActionKind> {
-    read(dir).last().map(|e| e.action)
+pub fn last_action(dir: &Path) -> Result<Option<ActionKind>, JournalError> {
+    Ok(read(dir)?.last().map(|e| e.action))
 }
 
 /// How many times `init` took each action on this volume.
-pub fn counts(dir: &Path) -> BTreeMap<ActionKind, u64> {
+pub fn counts(dir: &Path) -> Result<BTreeMap<ActionKind, u64>, JournalError> {
     let mut counts = BTreeMap::new();
-    for e in read(dir) {
+    for e in read(dir)? {
         *counts.entry(e.action).or_insert(0) += 1;
     }
-    counts
+    Ok(counts)
 }
 
 #[cfg(test)]
@@ -130,31 +223,131 @@ mod tests {
         Entry::new(1, action, "because")
     }
 
+    fn raw(dir: &Path, bytes: &[u8]) {
+        std::fs::create_dir_all(steward_dir(dir)).ok();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path(dir))
+            .ok();
+        if let Some(f) = f.as_mut() {
+            f.write_all(bytes).ok();
+        }
+    }
+
+    fn actions(dir: &Path) -> Result<Vec<ActionKind>, JournalError> {
+        Ok(read(dir)?.into_iter().map(|e| e.action).collect())
+    }
+
     #[test]
-    fn entries_are_read_back_typed_and_counted() -> Result<(), VolumeError> {
+    fn entries_are_read_back_typed_and_counted() -> Result<(), Box<dyn std::error::Error>> {
         let tmp = temp()?;
-        assert_eq!(last_action(tmp.path()), None);
+        assert_eq!(last_action(tmp.path())?, None);
         append(tmp.path(), &entry(ActionKind::Resume))?;
-        assert_eq!(last_action(tmp.path()), Some(ActionKind::Resume));
+        assert_eq!(last_action(tmp.path())?, Some(ActionKind::Resume));
         append(tmp.path(), &entry(ActionKind::Restart))?;
         append(tmp.path(), &entry(ActionKind::Restart))?;
-        assert_eq!(counts(tmp.path()).get(&ActionKind::Restart), Some(&2));
-        assert_eq!(last_action(tmp.path()), Some(ActionKind::Restart));
+        assert_eq!(counts(tmp.path())?.get(&ActionKind::Restart), Some(&2));
+        assert_eq!(last_action(tmp.path())?, Some(ActionKind::Restart));
         assert!(!inspect(tmp.path())?.has_data());
         Ok(())
     }
 
     #[test]
-    fn lines_of_an_older_or_newer_version_are_skipped() -> Result<(), VolumeError> {
+    fn a_line_of_a_newer_action_is_skipped_but_garbage_is_an_error_naming_the_line(
+    ) -> Result<(), Box<dyn std::error::Error>> {
         let tmp = temp()?;
         append(tmp.path(), &entry(ActionKind::Join))?;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(path(tmp.path()))
-            .map_err(VolumeError::unwritable(tmp.path()))?;
-        writeln!(f, "{{\"ts\":2,\"action\":\"teleport\"}}\nnot json").ok();
-        assert_eq!(read(tmp.path()).len(), 1);
-        assert_eq!(last_action(tmp.path()), Some(ActionKind::Join));
+        raw(
+            tmp.path(),
+            b"{\"ts\":2,\"action\":\"teleport\",\"reason\":\"new\"}\n",
+        );
+        assert_eq!(actions(tmp.path())?, vec![ActionKind::Join]);
+        assert_eq!(last_action(tmp.path())?, Some(ActionKind::Join));
+        // Garbage, a known action of the wrong shape, or a line torn and then followed by
+        // another: the journal is unreadable, never shorter.
+        for bad in [
+            &b"not json\n"[..],
+            b"{\"ts\":\"x\",\"action\":\"recover\"}\n",
+            b"{\"ts\":3,\"act\n",
+        ] {
+            let tmp = temp()?;
+            append(tmp.path(), &entry(ActionKind::Recover))?;
+            raw(tmp.path(), bad);
+            append(tmp.path(), &entry(ActionKind::Restart))?;
+            let e = read(tmp.path()).err().ok_or("garbage read as entries")?;
+            assert!(matches!(e, JournalError::Garbled { line: 2, .. }), "{e}");
+            assert!(e.to_string().contains("decisions.jsonl"), "{e}");
+            assert!(counts(tmp.path()).is_err());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_journal_that_cannot_be_read_is_an_error_never_empty() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        std::fs::create_dir_all(path(tmp.path())).ok();
+        assert!(matches!(read(tmp.path()), Err(JournalError::Io { .. })));
+        assert!(last_action(tmp.path()).is_err());
+        Ok(())
+    }
+
+    /// A crash mid-append leaves the last line torn (cut short, or zeros where the page was
+    /// not written): that entry was never recorded, since its `append` never returned. It
+    /// is skipped, so it is never counted; the next append keeps a copy of the torn
+    /// journal aside and starts its entry on a line of its own.
+    #[test]
+    fn a_torn_last_line_is_an_entry_never_recorded_and_the_next_append_mends_it(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        for torn in [&b"{\"ts\":3,\"action\":\"reco"[..], &[0u8; 40][..]] {
+            let tmp = temp()?;
+            append(tmp.path(), &entry(ActionKind::Join))?;
+            raw(tmp.path(), torn);
+            assert_eq!(actions(tmp.path())?, vec![ActionKind::Join]);
+            let len = std::fs::metadata(path(tmp.path()))?.len();
+            append(tmp.path(), &entry(ActionKind::Recover))?;
+            assert_eq!(
+                actions(tmp.path())?,
+                vec![ActionKind::Join, ActionKind::Recover]
+            );
+            let aside = std::fs::read(
+                tmp.path()
+                    .join(format!("member/steward/decisions.jsonl.torn-{len}")),
+            )?;
+            assert!(aside.ends_with(torn), "the torn bytes are kept aside");
+            append(tmp.path(), &entry(ActionKind::Restart))?;
+            assert_eq!(counts(tmp.path())?.get(&ActionKind::Recover), Some(&1));
+        }
+        Ok(())
+    }
+
+    /// An older release wrote the entry and its newline in two writes: killed in between,
+    /// the entry is whole but unterminated, and the next append may have joined it.
+    #[test]
+    fn an_entry_without_its_newline_is_kept_and_one_joined_to_it_is_read(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = temp()?;
+        raw(tmp.path(), br#"{"ts":1,"action":"join"}"#);
+        assert_eq!(actions(tmp.path())?, vec![ActionKind::Join]);
+        append(tmp.path(), &entry(ActionKind::Recover))?;
+        assert_eq!(
+            actions(tmp.path())?,
+            vec![ActionKind::Join, ActionKind::Recover]
+        );
+        raw(
+            tmp.path(),
+            br#"{"ts":2,"action":"restart"}{"ts":3,"action":"resume"}"#,
+        );
+        raw(tmp.path(), b"\n");
+        assert_eq!(
+            actions(tmp.path())?,
+            vec![
+                ActionKind::Join,
+                ActionKind::Recover,
+                ActionKind::Restart,
+                ActionKind::Resume
+            ]
+        );
         Ok(())
     }
 

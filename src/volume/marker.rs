@@ -16,16 +16,11 @@ fn path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("formation.json")
 }
 
-/// The marker, if there is one. An unreadable or malformed marker is an error the caller
-/// notes and ignores (it is not evidence of anything).
+/// The marker, if there is one; an error names the marker that could not be read or
+/// parsed (never read as "no marker": a pod that prepared or started a formation would take
+/// part in another one).
 pub fn read(dir: &Path) -> Result<Option<Formation>, String> {
-    match std::fs::read(path(dir)) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| e.to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
+    read_marker(&path(dir))
 }
 
 /// Writes (or replaces) the marker, durably.
@@ -38,15 +33,11 @@ fn recovery_path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("recovery.json")
 }
 
-/// The recovery marker (`member/steward/recovery.json`), if this volume was recovered from.
+/// The recovery marker (`member/steward/recovery.json`), if this volume was recovered from;
+/// an error names the marker that could not be read or parsed (never read as "no marker":
+/// while the request is held, the survivor would be forced to a new cluster again).
 pub fn recovery(dir: &Path) -> Result<Option<RecoveryMarker>, String> {
-    match std::fs::read(recovery_path(dir)) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| e.to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
+    read_marker(&recovery_path(dir))
 }
 
 /// Records, durably and before etcd is forced to a one-member cluster, which recovery
@@ -60,8 +51,8 @@ fn restored_path(dir: &Path) -> PathBuf {
     steward_dir(dir).join("restored-for.json")
 }
 
-/// The restore request this volume was set aside for (`member/steward/restored-for.json`).
-/// The restore request this volume was set aside for; an error names the marker that
+/// The restore request this volume was set aside for (`member/steward/restored-for.json`);
+/// an error names the marker that
 /// could not be read or parsed (never read as "no marker": that would set the volume aside
 /// for the same request again).
 pub fn restored_for(dir: &Path) -> Result<Option<String>, String> {
@@ -91,8 +82,7 @@ fn left_path(dir: &Path) -> PathBuf {
     dir.join("steward-left.json")
 }
 
-/// The leave marker (`<data-dir>/steward-left.json`), if this pod left the cluster.
-/// The leave marker; an error names the marker that could not be read or parsed (never
+/// The leave marker (`<data-dir>/steward-left.json`), if this pod left the cluster; an error names the marker that could not be read or parsed (never
 /// read as "no marker": that would let a pod that left rejoin).
 pub fn left(dir: &Path) -> Result<Option<LeftMarker>, String> {
     read_marker(&left_path(dir))
@@ -132,14 +122,13 @@ enum Stored {
     Before(String, String),
 }
 
-/// The snapshots this pod could not use, with what was wanting (none when the file is
-/// missing or unreadable: a re-download finds a corrupt one again). Entries an older
-/// etcd-steward wrote (name and detail only) come back as [`Failed::Unrecorded`].
-pub fn rejected_snapshots(dir: &Path) -> Vec<Rejection> {
-    std::fs::read(rejected_path(dir))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<Vec<Stored>>(&bytes).ok())
-        .unwrap_or_default()
+/// The snapshots this pod could not use, with what was wanting (none without the file).
+/// Entries an older etcd-steward wrote (name and detail only) come back as
+/// [`Failed::Unrecorded`]. An error names the file that could not be read or parsed (never
+/// read as "none rejected": the snapshot that failed would be chosen again).
+pub fn rejected_snapshots(dir: &Path) -> Result<Vec<Rejection>, String> {
+    let stored: Vec<Stored> = read_marker(&rejected_path(dir))?.unwrap_or_default();
+    Ok(stored
         .into_iter()
         .map(|s| match s {
             Stored::Now(r) => r,
@@ -148,14 +137,14 @@ pub fn rejected_snapshots(dir: &Path) -> Vec<Rejection> {
                 failed: Failed::Unrecorded { detail },
             },
         })
-        .collect()
+        .collect())
 }
 
 /// Records why snapshot `r.name` could not be used here, in place of whatever was recorded
 /// for it before (one entry per name: the latest). Writing the same record again changes
-/// nothing.
+/// nothing. A list that cannot be read is not written over (its entries would be lost).
 pub fn reject_snapshot(dir: &Path, r: &Rejection) -> Result<(), VolumeError> {
-    let mut all = rejected_snapshots(dir);
+    let mut all = rejected_snapshots(dir).map_err(VolumeError::MarkerUnreadable)?;
     all.retain(|old| old.name != r.name);
     all.push(r.clone());
     let bytes = serde_json::to_vec(&all).unwrap_or_default();
@@ -228,13 +217,34 @@ mod tests {
     }
 
     #[test]
-    fn a_garbled_marker_is_noted_and_ignored() -> Result<(), VolumeError> {
+    fn a_garbled_marker_is_an_error_naming_it_never_no_marker() -> Result<(), VolumeError> {
         let tmp = temp()?;
         std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
         std::fs::write(path(tmp.path()), b"{not json").ok();
-        let state = inspect(tmp.path())?;
-        assert_eq!(state.formation, None);
-        assert_eq!(state.notes.len(), 1, "{:?}", state.notes);
+        assert!(read(tmp.path()).is_err_and(|e| e.contains("formation.json")));
+        std::fs::write(recovery_path(tmp.path()), br#"{"id":"r1","com"#).ok();
+        assert!(recovery(tmp.path()).is_err_and(|e| e.contains("recovery.json")));
+        Ok(())
+    }
+
+    #[test]
+    fn a_rejected_list_that_cannot_be_read_is_never_written_over() -> Result<(), VolumeError> {
+        let tmp = temp()?;
+        std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
+        let torn = br#"[{"name":"s1","failed":{"#;
+        std::fs::write(rejected_path(tmp.path()), torn).ok();
+        assert!(
+            rejected_snapshots(tmp.path()).is_err_and(|e| e.contains("rejected-snapshots.json"))
+        );
+        assert!(matches!(
+            reject_snapshot(tmp.path(), &checksum("s2", "e1")),
+            Err(VolumeError::MarkerUnreadable(_))
+        ));
+        assert_eq!(
+            std::fs::read(rejected_path(tmp.path())).ok().as_deref(),
+            Some(&torn[..]),
+            "what it held is kept for someone to look at"
+        );
         Ok(())
     }
 
@@ -256,7 +266,7 @@ mod tests {
     fn a_rejected_snapshot_is_remembered_once_per_name_latest_first_and_is_not_data(
     ) -> Result<(), VolumeError> {
         let tmp = temp()?;
-        assert!(rejected_snapshots(tmp.path()).is_empty());
+        assert_eq!(rejected_snapshots(tmp.path()), Ok(vec![]));
         let key = Rejection {
             name: "s2".into(),
             failed: Failed::Key {
@@ -290,17 +300,17 @@ mod tests {
                 detail: "snapshot s1 fails its checksum: sha256 mismatch".into(),
             },
         };
-        assert_eq!(rejected_snapshots(tmp.path()), vec![unrecorded.clone()]);
+        assert_eq!(rejected_snapshots(tmp.path()), Ok(vec![unrecorded.clone()]));
         // Rewritten in the new form, the old entry kept as it was until its name fails again.
         reject_snapshot(tmp.path(), &checksum("s2", "e1"))?;
         assert_eq!(
             rejected_snapshots(tmp.path()),
-            vec![unrecorded, checksum("s2", "e1")]
+            Ok(vec![unrecorded, checksum("s2", "e1")])
         );
         reject_snapshot(tmp.path(), &checksum("s1", "e1"))?;
         assert_eq!(
             rejected_snapshots(tmp.path()),
-            vec![checksum("s2", "e1"), checksum("s1", "e1")]
+            Ok(vec![checksum("s2", "e1"), checksum("s1", "e1")])
         );
         Ok(())
     }

@@ -29,6 +29,12 @@ pub enum VolumeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A marker (named, with the error) that cannot be read or parsed: it is not written
+    /// over, as what it records would be lost.
+    #[error("{0}; it is not written over until it is repaired or moved away")]
+    MarkerUnreadable(String),
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
 }
 
 impl VolumeError {
@@ -68,25 +74,34 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DataDirState::empty()),
         Err(e) => return Err(unreadable(e)),
     }
-    let mut notes = Vec::new();
     let wal = wal::inspect(&member_dir(dir).join("wal")).map_err(unreadable)?;
+    // Every record of the agent's own that cannot be read or parsed is named, never read as
+    // absent: `decide` waits on any of them (`Why::MarkerUnreadable`).
+    let mut unreadable_markers = Vec::new();
+    let mut named = |what: &str, e: String| unreadable_markers.push(format!("{what} {e}"));
     let formation = marker::read(dir).unwrap_or_else(|e| {
-        notes.push(format!("formation marker unreadable, ignored: {e}"));
+        named("formation marker", e);
         None
     });
     let recovery = marker::recovery(dir).unwrap_or_else(|e| {
-        notes.push(format!("recovery marker unreadable, ignored: {e}"));
+        named("recovery marker", e);
         None
     });
-    let mut unreadable_markers = Vec::new();
     let restored_for = marker::restored_for(dir).unwrap_or_else(|e| {
-        unreadable_markers.push(format!("restore marker {e}"));
+        named("restore marker", e);
         None
     });
     let left = marker::left(dir).unwrap_or_else(|e| {
-        unreadable_markers.push(format!("leave marker {e}"));
+        named("leave marker", e);
         None
     });
+    let rejected_snapshots = marker::rejected_snapshots(dir).unwrap_or_else(|e| {
+        named("list of rejected snapshots", e);
+        vec![]
+    });
+    if let Err(e) = journal::read(dir) {
+        unreadable_markers.push(e.to_string());
+    }
     Ok(DataDirState {
         wal,
         tail: None,
@@ -94,8 +109,8 @@ pub fn inspect(dir: &Path) -> Result<DataDirState, VolumeError> {
         restored_for,
         left,
         formation,
-        notes,
-        rejected_snapshots: marker::rejected_snapshots(dir),
+        notes: vec![],
+        rejected_snapshots,
         unreadable_markers,
     })
 }
@@ -125,13 +140,30 @@ pub fn prepare(dir: &Path) -> Result<(), VolumeError> {
     std::fs::remove_file(&probe).map_err(VolumeError::unwritable(dir))
 }
 
+/// Creates `dir` (mode 0700, as etcd wants its directories) and the parents it lacks, each
+/// one synced into its own parent, so that what is then written inside survives a crash.
+pub(crate) fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.try_exists()? {
+        return Ok(());
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        create_dir_durably(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        other => other?,
+    }
+    match parent {
+        Some(parent) => std::fs::File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 /// Writes `bytes` to `path` durably: a temporary file, fsync, rename, fsync the directory.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(parent) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)?;
+        create_dir_durably(parent)?;
     }
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
@@ -157,16 +189,15 @@ pub fn set_aside(dir: &Path, why: &str, stamp: u64) -> Result<Option<PathBuf>, V
         return Ok(None);
     }
     let target_dir = dir.join("set-aside").join(format!("{stamp}-{why}"));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&target_dir)
-        .map_err(VolumeError::unwritable(dir))?;
+    create_dir_durably(&target_dir).map_err(VolumeError::unwritable(dir))?;
     let target = target_dir.join("member");
     std::fs::rename(&member, &target).map_err(VolumeError::unwritable(dir))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(VolumeError::unwritable(dir))?;
+    // Both ends of the rename: `member/` gone from the data directory, arrived aside.
+    for synced in [dir, target_dir.as_path()] {
+        std::fs::File::open(synced)
+            .and_then(|d| d.sync_all())
+            .map_err(VolumeError::unwritable(synced))?;
+    }
     Ok(Some(target))
 }
 
@@ -342,6 +373,91 @@ pub(crate) mod tests {
         );
         assert_eq!(state.restored_for.as_deref(), Some("restore-1"));
         assert_eq!(state.left.map(|l| l.member_id), Some(0xa1));
+        Ok(())
+    }
+
+    /// Each of the agent's own records, torn (JSON cut short, as by a crash mid-write) or
+    /// garbage, or unreadable (a directory in its place), is named in `unreadable_markers`
+    /// with its file: never read as absent.
+    #[test]
+    fn every_torn_or_garbled_marker_and_the_journal_are_named_never_read_as_absent(
+    ) -> Result<(), VolumeError> {
+        let tmp = temp_with_wal(5, 6)?;
+        let steward = tmp.path().join("member/steward");
+        std::fs::create_dir_all(&steward).ok();
+        let records = [
+            (
+                "formation marker ",
+                "formation.json",
+                r#"{"nonce":"n","initial_cluster":"a=b"}"#,
+            ),
+            (
+                "recovery marker ",
+                "recovery.json",
+                r#"{"id":"r1","commit":9}"#,
+            ),
+            (
+                "list of rejected snapshots ",
+                "rejected-snapshots.json",
+                "[]",
+            ),
+            (
+                "decision journal ",
+                "decisions.jsonl",
+                "{\"ts\":1,\"action\":\"recover\"}\n",
+            ),
+        ];
+        for (what, file, whole) in records {
+            let path = steward.join(file);
+            // Whole: read, nothing unreadable.
+            std::fs::write(&path, whole).ok();
+            let state = inspect(tmp.path())?;
+            assert!(
+                state.unreadable_markers.is_empty(),
+                "{file}: {:?}",
+                state.unreadable_markers
+            );
+            let torn = &whole[..whole.len() / 2];
+            let garbage = "\u{0}\u{0}not json at all\n";
+            for broken in [torn, garbage] {
+                if file == "decisions.jsonl" && broken == torn {
+                    // The journal's torn *last* line is an append that never returned:
+                    // skipped (journal::tests); torn anywhere else, it is garbage.
+                    std::fs::write(&path, format!("{torn}\n{whole}")).ok();
+                } else {
+                    std::fs::write(&path, broken).ok();
+                }
+                let state = inspect(tmp.path())?;
+                assert_eq!(
+                    state.unreadable_markers.len(),
+                    1,
+                    "{file}: {:?}",
+                    state.unreadable_markers
+                );
+                let named = &state.unreadable_markers[0];
+                assert!(named.starts_with(what) && named.contains(file), "{named}");
+            }
+            // Not a file at all (an I/O error reading it).
+            std::fs::remove_file(&path).ok();
+            std::fs::create_dir(&path).ok();
+            let state = inspect(tmp.path())?;
+            assert_eq!(
+                state.unreadable_markers.len(),
+                1,
+                "{file}: {:?}",
+                state.unreadable_markers
+            );
+            assert!(state.unreadable_markers[0].contains(file));
+            std::fs::remove_dir(&path).ok();
+        }
+        let state = inspect(tmp.path())?;
+        assert!(
+            state.unreadable_markers.is_empty(),
+            "{:?}",
+            state.unreadable_markers
+        );
+        assert_eq!(state.formation, None);
+        assert_eq!(state.recovery, None);
         Ok(())
     }
 

@@ -115,8 +115,11 @@ pub async fn act<C: Connector>(
         Action::Recover { id, commit, first } => {
             let forced_from = prepare_forced_start(dir, id, *commit, *first, now)?;
             // Journaled once per recovery, also when the start that wrote the marker was
-            // killed before its journal entry (the sidecar counts recoveries from it).
+            // killed before its journal entry (the sidecar counts recoveries from it). A
+            // journal that cannot be read is an error, never "not journaled yet": that
+            // would count the recovery twice.
             let journaled = journal::read(dir)
+                .map_err(VolumeError::from)?
                 .iter()
                 .any(|e| e.action == ActionKind::Recover && e.reason.contains(id.as_str()));
             if !journaled {

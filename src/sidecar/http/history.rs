@@ -4,14 +4,19 @@
 //! ([`crate::facts::history::PodHistory::bounded`]).
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use crate::facts::history::{By, HistoryEntry, PodHistory};
 
 pub async fn peer_history(State(s): State<AppState>) -> Response {
-    let mut entries: Vec<HistoryEntry> = crate::volume::journal::read(&s.data_dir)
+    // A journal that cannot be read is said, naming the file: never an empty history.
+    let journal = match crate::volume::journal::read(&s.data_dir) {
+        Ok(journal) => journal,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    let mut entries: Vec<HistoryEntry> = journal
         .into_iter()
         .map(|e| HistoryEntry {
             at_ms: e.ts.saturating_mul(1000),

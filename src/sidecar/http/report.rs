@@ -16,6 +16,17 @@ const WAITING_REASON_CHARS: usize = 2000;
 
 pub async fn peer_report(State(s): State<AppState>) -> Response {
     match volume::inspect(&s.data_dir) {
+        // A record of the volume's own that cannot be read (a marker, the journal) leaves
+        // what this volume is evidence of unknown: an error naming the files, never a
+        // report that reads as "no marker".
+        Ok(state) if !state.unreadable_markers.is_empty() => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "this volume's own records cannot be read, so it reports nothing: {}\n",
+                state.unreadable_markers.join("; ")
+            ),
+        )
+            .into_response(),
         Ok(state) => {
             let wal_error = match &state.wal {
                 WalState::Present(Err(e)) => Some(e.clone()),
@@ -26,7 +37,12 @@ pub async fn peer_report(State(s): State<AppState>) -> Response {
             } else {
                 None
             };
-            let last = crate::volume::journal::read(&s.data_dir).pop();
+            let last = match crate::volume::journal::read(&s.data_dir) {
+                Ok(mut entries) => entries.pop(),
+                Err(e) => {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+                }
+            };
             // What init waits for, while etcd does not answer here and init has not acted
             // since it noted it.
             let waiting = waiting_shown(
