@@ -238,8 +238,8 @@ const SLACK: Duration = Duration::from_secs(1);
 /// before the loss is back. Judged from what the writer was acknowledged and what etcd
 /// serves after, not from the agent's log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_volume_lost_under_a_writer_keeps_each_write_older_than_the_default_archive_interval(
-) {
+async fn every_volume_lost_under_a_writer_keeps_each_write_older_than_the_default_archive_interval()
+{
     let goal = DEFAULT_INTERVAL + SLACK;
     let run = lose_every_volume_after(
         100,
