@@ -1,13 +1,19 @@
 //! Defragmentation and the space alarm against real etcd (3.4.23, 3.5.1, 3.5.30) on loopback
 //! pods: a fragmented database is defragmented by every member's sidecar, one member at a
 //! time, followers first and the leader last; under NOSPACE, once keys are deleted and
-//! compacted, the sidecars defragment and disarm the alarm, and writes resume.
+//! compacted, the sidecars defragment and disarm the alarm, and writes resume. The lock key
+//! itself (`Etcd::try_lock`, a transaction that puts the key only while its
+//! `create_revision` is 0) is tried against a second holder: refused while the key is held,
+//! granted once it is released or its lease expires; and a held lock keeps every sidecar
+//! from defragmenting, whatever the planner's order says.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{Client, CompactionOptions};
+use etcd_steward::etcd::{Connector, Etcd as _, EtcdClientConnector, EtcdClientMember};
+use etcd_steward::sidecar::execute::defrag::LOCK_KEY;
 use harness::client::sample;
 use harness::loopback::Set;
 use harness::Etcd;
@@ -306,6 +312,196 @@ async fn fill_until_nospace(c: &mut Client) {
         }
     }
     panic!("the quota never refused a write");
+}
+
+/// The product's own etcd client for pod `o`'s member, as the sidecar connects to it.
+async fn member(set: &Set, o: u32) -> EtcdClientMember {
+    let url = set.client_url(o);
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    EtcdClientConnector::default()
+        .connect(&set.host(o), addr.ip(), addr.port())
+        .await
+        .unwrap()
+}
+
+/// Who holds the lock key now, as etcd answers: its value, or `None` when no one does.
+async fn lock_holder(c: &mut Client) -> Option<String> {
+    let r = c.get(LOCK_KEY, None).await.unwrap();
+    r.kvs()
+        .first()
+        .map(|kv| kv.value_str().unwrap().to_string())
+}
+
+/// The lock against real etcd, two holders asking through two members: while one holds the
+/// key, the other's try is refused (and leaves the key, and no lease of its own, behind);
+/// once the holder releases it, or its lease expires, the other's try is granted.
+async fn the_defrag_lock_refuses_a_second_holder_until_released_or_expired(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.start_all(WAIT).await.unwrap();
+    let (a, b) = (member(&set, 0).await, member(&set, 1).await);
+    let mut c = set.client(2).await.unwrap();
+    let leases = |c: &mut Client| {
+        let mut c = c.clone();
+        async move { c.leases().await.unwrap().leases().len() }
+    };
+    let before = leases(&mut c).await;
+
+    // Released: the second holder is refused while the first holds it, granted after.
+    let held = a.try_lock(LOCK_KEY, "holder-a", 60).await.unwrap();
+    let Some(lease_a) = held else {
+        panic!("the first try on a free lock key is refused")
+    };
+    assert_eq!(lock_holder(&mut c).await.as_deref(), Some("holder-a"));
+    for _ in 0..3 {
+        assert_eq!(
+            b.try_lock(LOCK_KEY, "holder-b", 60).await.unwrap(),
+            None,
+            "a second holder is granted the lock while holder-a holds it"
+        );
+        assert_eq!(
+            lock_holder(&mut c).await.as_deref(),
+            Some("holder-a"),
+            "the refused try left the key as holder-a put it"
+        );
+    }
+    assert_eq!(
+        leases(&mut c).await,
+        before + 1,
+        "only holder-a's lease is left: a refused try revokes its own"
+    );
+    a.unlock(lease_a).await.unwrap();
+    assert_eq!(lock_holder(&mut c).await, None, "released: the key is gone");
+    let Some(lease_b) = b.try_lock(LOCK_KEY, "holder-b", 60).await.unwrap() else {
+        panic!("after holder-a released the lock, holder-b is refused")
+    };
+    assert_eq!(lock_holder(&mut c).await.as_deref(), Some("holder-b"));
+    assert_eq!(a.try_lock(LOCK_KEY, "holder-a", 60).await.unwrap(), None);
+    b.unlock(lease_b).await.unwrap();
+
+    // Expired: a holder that never releases (its sidecar died) holds it until its lease
+    // runs out, then the other is granted it.
+    const TTL: i64 = 3;
+    let taken = tokio::time::Instant::now();
+    assert!(a
+        .try_lock(LOCK_KEY, "dead-holder", TTL)
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(b.try_lock(LOCK_KEY, "holder-b", 60).await.unwrap(), None);
+    let granted = loop {
+        if let Some(lease) = b.try_lock(LOCK_KEY, "holder-b", 60).await.unwrap() {
+            break lease;
+        }
+        assert!(
+            taken.elapsed() < Duration::from_secs(TTL as u64 + 20),
+            "the dead holder's lease ({TTL} s) never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        taken.elapsed() >= Duration::from_secs(TTL as u64 - 1),
+        "granted {:?} after the dead holder took it, before its {TTL} s lease could expire",
+        taken.elapsed()
+    );
+    assert_eq!(lock_holder(&mut c).await.as_deref(), Some("holder-b"));
+    b.unlock(granted).await.unwrap();
+    set.shutdown().await;
+}
+
+/// How many times pod `o`'s sidecar started a defragmentation, by its log.
+fn defrags_started(set: &Set, o: u32) -> usize {
+    set.read_logs(o, "sidecar")
+        .lines()
+        .filter(|l| l.contains(r#""message":"defragmentation started""#))
+        .count()
+}
+
+/// Every member fragmented past the threshold while another holder (standing in for a
+/// sidecar that is defragmenting) holds the lock key: no sidecar defragments, each says it
+/// waits for the lock; once the key is released, every member is defragmented. The planner's
+/// order would let the first follower go at once: only the lock holds it back.
+async fn a_held_defrag_lock_keeps_every_sidecar_from_defragmenting_until_released(etcd: Etcd) {
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    set.extra_args = vec!["--defrag-threshold=30%,2MiB".into()];
+    set.start_all(WAIT).await.unwrap();
+    let holder = member(&set, 0).await;
+    let Some(lease) = holder
+        .try_lock(LOCK_KEY, "another-sidecar", 600)
+        .await
+        .unwrap()
+    else {
+        panic!("the lock key was taken before any member needed defragmenting")
+    };
+    let mut c = set.any_client().await.unwrap();
+    pad(&mut c).await;
+    for i in 0..40 {
+        c.put(format!("big/{i:03}"), vec![b'x'; VALUE], None)
+            .await
+            .unwrap();
+    }
+    until(&set, "the values fill every file", || async {
+        let mut all = true;
+        for o in 0..3 {
+            all &= (8 << 20..i64::MAX).contains(&db_size(&set, o).await);
+        }
+        all
+    })
+    .await;
+    let full = db_size(&set, 0).await;
+    delete_and_compact(&mut c, "big/").await;
+    // The planner wants a defragmentation (a sidecar tried the lock and was refused; one
+    // that took it instead ends the wait at once, and the check below fails)...
+    until(&set, "a sidecar refused the held lock", || async {
+        (0..3).any(|o| {
+            set.read_logs(o, "sidecar")
+                .contains("another member is defragmenting (lock held); waiting")
+                || defrags_started(&set, o) > 0
+        })
+    })
+    .await;
+    // ...and, over two more of its retries (every 5 s), it still does not go.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    for o in 0..3 {
+        assert_eq!(
+            defrags_started(&set, o),
+            0,
+            "pod {o} defragmented while another held {LOCK_KEY}\n{}",
+            set.dump()
+        );
+        assert!(
+            db_size(&set, o).await >= full / 2,
+            "pod {o}'s file shrank while the lock was held"
+        );
+    }
+    assert_eq!(
+        lock_holder(&mut c).await.as_deref(),
+        Some("another-sidecar"),
+        "the lock key is still the other holder's"
+    );
+    holder.unlock(lease).await.unwrap();
+    until(
+        &set,
+        "every member defragmented once the lock is free",
+        || async {
+            let mut all = true;
+            for o in 0..3 {
+                all &= db_size(&set, o).await < full / 2 && defragmented_at(&set, o).is_some();
+            }
+            all
+        },
+    )
+    .await;
+    set.shutdown().await;
+}
+
+harness::per_etcd_version! {
+    [V3_5, V3_4, V3_5Current] by scenario:
+    lock => the_defrag_lock_refuses_a_second_holder_until_released_or_expired,
+}
+
+harness::per_etcd_version! {
+    [V3_5Current] by scenario:
+    held_lock => a_held_defrag_lock_keeps_every_sidecar_from_defragmenting_until_released,
 }
 
 harness::per_etcd_version! {
