@@ -49,24 +49,26 @@ export CARGO_TARGET_DIR="$work/target"
 export STEWARD_TEST_NET="${STEWARD_TEST_NET:-190}"
 
 # The first build of the scratch tree starts from the checkout's own build when there is
-# one: the dependencies are the same files at the same paths, so cargo reuses them.
+# one (or MUTANTS_SEED_FROM, another target directory, e.g. CI's): the dependencies are the
+# same files at the same paths, so cargo reuses them.
 # The workspace's own crates are built anew at the scratch tree's path: their artifacts
 # (the test binaries are hundreds of MB each) are not copied.
-if [ ! -d "$CARGO_TARGET_DIR/debug" ] && [ -d "$top/target/debug/deps" ]; then
-    echo "seeding $CARGO_TARGET_DIR with the dependencies built in target/debug"
+seed=${MUTANTS_SEED_FROM:-$top/target}/debug
+if [ ! -d "$CARGO_TARGET_DIR/debug" ] && [ -d "$seed/deps" ]; then
+    echo "seeding $CARGO_TARGET_DIR with the dependencies built in $seed"
     mkdir -p "$CARGO_TARGET_DIR/debug"
     own_crates=$(find "$top" -maxdepth 2 -name '*.rs' -path '*/tests/*' -printf '%f\n' | sed 's/\.rs$//')
     own_crates="$own_crates etcd_steward etcd_steward_harness etcd_steward_bench harness"
     for part in build deps .fingerprint; do
-        [ -d "$top/target/debug/$part" ] || continue
+        [ -d "$seed/$part" ] || continue
         mkdir -p "$CARGO_TARGET_DIR/debug/$part"
-        find "$top/target/debug/$part" -mindepth 1 -maxdepth 1 -printf '%f\n' | while read -r f; do
+        find "$seed/$part" -mindepth 1 -maxdepth 1 -printf '%f\n' | while read -r f; do
             base=${f%%.*}
             base=${base#lib}
             base=${base%-*}
             base=${base//-/_}
             case " $(echo $own_crates) " in *" $base "*) continue ;; esac
-            cp -a --reflink=auto "$top/target/debug/$part/$f" "$CARGO_TARGET_DIR/debug/$part/"
+            cp -a --reflink=auto "$seed/$part/$f" "$CARGO_TARGET_DIR/debug/$part/"
         done
     done
 fi
