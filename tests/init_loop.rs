@@ -126,6 +126,7 @@ impl World {
 
     fn journal(&self) -> Vec<ActionKind> {
         journal::read(self.dir.path())
+            .unwrap_or_else(|e| panic!("{e}"))
             .into_iter()
             .map(|e| e.action)
             .collect()

@@ -517,6 +517,65 @@ mod tests {
         assert_eq!(must_stop_etcd("etcd-1", Some(&r), Some(&earlier)), Some(&r));
     }
 
+    fn duty(dir: &Path) -> RecoveryDuty {
+        RecoveryDuty::new(
+            Arc::new(Inbox::default()),
+            Arc::new(Inbox::default()),
+            Stopper::with_cooldown(dir, Duration::ZERO),
+            "etcd-1".into(),
+            dir.to_path_buf(),
+        )
+    }
+
+    /// The survivor's recovery marker torn or garbled while the request is still held:
+    /// read as "no marker", etcd would be stopped again and forced to a second new cluster.
+    /// Nothing is stopped, and `/ready` names the file.
+    #[test]
+    fn a_recovery_marker_that_cannot_be_read_stops_no_etcd_and_names_the_file() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut duty = duty(tmp.path());
+        duty.inbox.offer(request("etcd-1"));
+        // No marker: the survivor's etcd is to be stopped (none runs here to be found).
+        let text = duty.tick().unwrap_or_default();
+        assert!(text.contains("no etcd process"), "{text}");
+        let steward = tmp.path().join("member/steward");
+        std::fs::create_dir_all(&steward).ok();
+        for broken in [&br#"{"id":"r1","com"#[..], b"\0\0garbage"] {
+            std::fs::write(steward.join("recovery.json"), broken).ok();
+            let text = duty.tick().unwrap_or_default();
+            assert!(text.contains("recovery.json"), "{text}");
+            assert!(text.contains("etcd is not stopped"), "{text}");
+            assert!(!text.contains("no etcd process"), "{text}");
+        }
+    }
+
+    /// A restore request while this volume's restore marker cannot be read: whether the
+    /// data was already set aside for it is unknown, so etcd is not stopped for it.
+    #[test]
+    fn a_restore_marker_that_cannot_be_read_stops_no_etcd_and_names_the_file() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut duty = duty(tmp.path());
+        duty.restore.offer(crate::facts::RestoreRequest {
+            id: "restore-1".into(),
+            snapshot: "s1".into(),
+            expires_unix: u64::MAX,
+        });
+        let wal = tmp.path().join("member/wal");
+        std::fs::create_dir_all(&wal).ok();
+        std::fs::write(wal.join("0000000000000000-0000000000000000.wal"), b"data").ok();
+        let text = duty.tick().unwrap_or_default();
+        assert!(text.contains("no etcd process"), "{text}");
+        std::fs::create_dir_all(tmp.path().join("member/steward")).ok();
+        std::fs::write(
+            tmp.path().join("member/steward/restored-for.json"),
+            b"\"rest",
+        )
+        .ok();
+        let text = duty.tick().unwrap_or_default();
+        assert!(text.contains("restored-for.json"), "{text}");
+        assert!(text.contains("etcd is not stopped"), "{text}");
+    }
+
     #[test]
     fn an_expired_request_is_no_longer_held() {
         let inbox = Inbox::<RecoveryRequest>::default();
