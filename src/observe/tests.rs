@@ -1,3 +1,5 @@
+//! Unit tests of the observer.
+#![cfg(test)]
 use super::*;
 use crate::facts::{ActionKind, Vouch, WalIdentity};
 use crate::volume::journal::Entry;

@@ -1,3 +1,5 @@
+//! Unit tests of taking and checking a snapshot.
+#![cfg(test)]
 use super::*;
 use crate::backup::catalog;
 

@@ -1,3 +1,5 @@
+//! The archive drill's unit tests.
+#![cfg(test)]
 use std::path::PathBuf;
 use std::time::Duration;
 
