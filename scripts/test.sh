@@ -13,8 +13,9 @@ log=$(mktemp /tmp/steward-test-XXXXXX.log)
 # The fault suite in .ci/run appends its flaky scenarios after this run's.
 rm -f target/flaky-tests.txt
 status=0
+# The agent's tests and the harness's own (the chaos checker's rules, the write recorder).
 # Scenarios are mostly waiting on etcd; three at a time fit two cores.
-cargo test --locked --no-fail-fast -- --test-threads="${STEWARD_TEST_THREADS:-3}" "$@" 2>&1 \
+cargo test --locked --no-fail-fast -p etcd-steward -p etcd-steward-harness -- --test-threads="${STEWARD_TEST_THREADS:-3}" "$@" 2>&1 \
     | tee "$log" || status=$?
 if [ "$status" -ne 0 ]; then
     python3 scripts/rerun-failures.py "$log"
