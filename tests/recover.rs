@@ -321,14 +321,23 @@ async fn the_wal_tail_matches_what_etcd_reported_before_it_stopped(etcd: Etcd) {
             status.raft_term()
         );
         assert!(tail.term >= tail.last_term, "pod {o}: {tail:?}");
-        // The sidecar reports the same evidence.
-        let (_, body) = set.http(o, "/peer/report").await.unwrap();
-        let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(
-            report["log"]["commit"].as_u64(),
-            Some(tail.commit),
-            "{body}"
-        );
+        // The sidecar reports the same evidence, once it has read the volume since etcd
+        // stopped (it reads it once per tick: a report of the tick before shows less).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let (_, body) = set.http(o, "/peer/report").await.unwrap();
+            let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let reported = report["log"]["commit"].as_u64();
+            if reported == Some(tail.commit) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pod {o}: the sidecar still reports commit {reported:?}, the volume holds {}: {body}",
+                tail.commit
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
     }
     set.shutdown().await;
 }
