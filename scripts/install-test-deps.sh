@@ -90,3 +90,7 @@ if ! python3 -c 'import moto.server, flask, flask_cors' >/dev/null 2>&1; then
   python3 -m pip install --quiet 'moto[server]>=5,<6'
 fi
 command -v curl >/dev/null || { export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq --no-install-recommends curl >/dev/null; }
+
+# The test API server: Kubernetes' own API server libraries, built from Debian's Go sources
+# (built once per version and source, then kept: scripts/build-test-apiserver.sh).
+bash scripts/build-test-apiserver.sh
