@@ -55,15 +55,20 @@ closure_versions() {
   for p in "${PINS[@]}"; do names+=("${p%%=*}"); done
   # Every golang-* package the pins depend on, with the version the index offers (a pin
   # that is still offered wins over the current version).
-  apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
-      --no-breaks --no-replaces --no-enhances "${names[@]}" 2>/dev/null \
-    | grep -E '^golang' | sort -u | while read -r name; do
+  local closure
+  closure=$(apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
+      --no-breaks --no-replaces --no-enhances "${names[@]}" 2>/dev/null | grep -E '^golang' | sort -u)
+  # One policy call for all of them: the candidate of each.
+  # shellcheck disable=SC2086
+  apt-cache "${apt_opts[@]}" policy $closure | awk '
+    /^[^ ].*:$/ { name = substr($0, 1, length($0) - 1) }
+    /^  Candidate:/ { print name "=" $2 }' | while IFS== read -r name candidate; do
       local want="" pin
       for pin in "${PINS[@]}"; do [ "${pin%%=*}" = "$name" ] && [ "$pin" != "$name" ] && want=${pin#*=}; done
-      if [ -n "$want" ] && apt-cache "${apt_opts[@]}" show "$name=$want" >/dev/null 2>&1; then
+      if [ -n "$want" ] && [ "$want" != "$candidate" ] && apt-cache "${apt_opts[@]}" show "$name=$want" >/dev/null 2>&1; then
         echo "$name=$want"
       else
-        echo "$name=$(apt-cache "${apt_opts[@]}" policy "$name" | sed -n 's/^ *Candidate: //p')"
+        echo "$name=$candidate"
       fi
     done
 }

@@ -27,6 +27,7 @@ pub mod dns;
 pub mod docker;
 pub mod etcd;
 pub mod fake_kube;
+pub mod kube_apiserver;
 pub mod logs;
 pub mod loopback;
 pub mod moto;
