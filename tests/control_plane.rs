@@ -50,8 +50,12 @@ struct Plane {
 
 impl Plane {
     async fn on(set: &Set) -> Plane {
+        Plane::on_with(set, &[]).await
+    }
+
+    async fn on_with(set: &Set, more: &[&str]) -> Plane {
         let servers = (0..3).map(|o| set.client_url(o)).collect();
-        let api = KubeApiServer::start(&EtcdAccess { servers, tls: None })
+        let api = KubeApiServer::start_with(&EtcdAccess { servers, tls: None }, more)
             .await
             .unwrap();
         let pods = Api::namespaced(api.client(Token::Admin).unwrap(), "default");
@@ -61,9 +65,15 @@ impl Plane {
     /// Creates Pod `name` (retrying what a client retries: 429 and 5xx); its resource
     /// version.
     async fn create(&self, name: &str) -> u64 {
+        self.create_padded(name, 0).await
+    }
+
+    /// [`Plane::create`], the Pod carrying an annotation of `pad` bytes.
+    async fn create_padded(&self, name: &str, pad: usize) -> u64 {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "control-plane-test"}},
+            "metadata": {"name": name, "labels": {"app": "control-plane-test"},
+                "annotations": {"pad": "x".repeat(pad)}},
             "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
         }))
         .unwrap();
@@ -260,6 +270,9 @@ struct Report {
     ready_after: Duration,
     /// From then until the watch opened before ended (`None`: no watch was watched).
     watch_ended_after: Option<Duration>,
+    /// Answers, before the cluster served again, of a state it no longer holds (the watch
+    /// cache answers `resourceVersion=0` lists from memory while etcd is away).
+    stale_before: usize,
     failed: BTreeMap<u16, usize>,
     asked: usize,
 }
@@ -269,13 +282,15 @@ impl Report {
         let failed: usize = self.failed.values().sum();
         println!(
             "control-plane: act={} took={:.1}s stale_after_serving={:.1}s readyz_after_serving={:.1}s \
-             old_watch_ended_after_serving={} failed_requests={failed}/{} by_code={:?}",
+             old_watch_ended_after_serving={} stale_answers_before_serving={} \
+             failed_requests={failed}/{} by_code={:?}",
             self.act,
             self.act_took.as_secs_f64(),
             self.stale_after.as_secs_f64(),
             self.ready_after.as_secs_f64(),
             self.watch_ended_after
                 .map_or("-".to_string(), |d| format!("{:.1}s", d.as_secs_f64())),
+            self.stale_before,
             self.asked,
             self.failed,
         );
@@ -340,6 +355,11 @@ async fn judged(
         stale_after,
         ready_after: ready_at.unwrap().saturating_duration_since(serving),
         watch_ended_after: None,
+        stale_before: seen
+            .answers
+            .iter()
+            .filter(|(at, _, names)| *at < serving && names != expected)
+            .count(),
         failed: seen.failed,
         asked: seen.asked,
     };
@@ -591,6 +611,71 @@ async fn a_member_replaced_the_api_server_serves_throughout() {
         None,
         "a member replaced made resource version {served} too old"
     );
+    report.print();
+    set.shutdown().await;
+}
+
+/// The sidecar's `etcd_steward_defrag_last_freed_bytes` on pod `o`.
+async fn freed(set: &Set, o: u32) -> f64 {
+    let Some((_, text)) = set.http(o, "/metrics").await else {
+        return 0.0;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_steward_defrag_last_freed_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defragmented_after_the_api_servers_compaction_the_api_server_serves_throughout() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
+    set.extra_args = vec!["--defrag-threshold=30%,2MiB".into()];
+    set.start_all(FORM).await.unwrap();
+    // The API server compacts etcd as kube-apiserver does (every 5 minutes by default).
+    let plane = Plane::on_with(&set, &["--etcd-compaction-interval=2s"]).await;
+    let (objects, _) = plane.create_all("kept", 10).await;
+    let mut big = Vec::new();
+    for i in 0..40 {
+        let name = format!("big-{i:03}");
+        plane.create_padded(&name, 200 << 10).await;
+        big.push(name);
+    }
+    let served = plane.list(false).await.unwrap().1;
+    let watch = watch_from(&plane, served);
+    for name in &big {
+        plane.delete(name).await;
+    }
+    let poller = Poller::start(&plane);
+    let started = Instant::now();
+    let deadline = Instant::now() + ACT;
+    loop {
+        let mut all = true;
+        for o in 0..3 {
+            all &= freed(&set, o).await > 4e6;
+        }
+        if all {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every member defragmented after the API server compacted\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let serving = Instant::now();
+    let report = judged(
+        "defragmentation",
+        &plane,
+        poller,
+        started,
+        serving,
+        &objects,
+    )
+    .await;
+    // Defragmentation changes no revision: the watch opened before goes on.
+    assert!(!watch.is_finished(), "a defragmentation ended a watch");
+    watch.abort();
     report.print();
     set.shutdown().await;
 }

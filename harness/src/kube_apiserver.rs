@@ -84,6 +84,12 @@ fn free_port() -> Result<u16> {
 impl KubeApiServer {
     /// Starts the API server on `etcd` and waits until its `/readyz` passes.
     pub async fn start(etcd: &EtcdAccess) -> Result<KubeApiServer> {
+        Self::start_with(etcd, &[]).await
+    }
+
+    /// [`KubeApiServer::start`] with more of kube-apiserver's generic flags (for example
+    /// `--etcd-compaction-interval=2s`).
+    pub async fn start_with(etcd: &EtcdAccess, more: &[&str]) -> Result<KubeApiServer> {
         let bin = binary();
         if !bin.exists() {
             return Err(Error::Failed(format!(
@@ -116,7 +122,8 @@ impl KubeApiServer {
             .arg(format!("--cert-dir={}", dir.path().join("certs").display()))
             .arg(format!("--token-auth-file={}", tokens.display()))
             // As kube-apiserver's default: the watch cache in front of etcd.
-            .arg("--watch-cache=true");
+            .arg("--watch-cache=true")
+            .args(more);
         if let Some((ca, cert, key)) = &etcd.tls {
             cmd.arg(format!("--etcd-cafile={}", ca.display()))
                 .arg(format!("--etcd-certfile={}", cert.display()))
