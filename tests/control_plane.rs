@@ -679,3 +679,61 @@ async fn defragmented_after_the_api_servers_compaction_the_api_server_serves_thr
     report.print();
     set.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_snapshot_on_a_live_cluster_the_api_server_serves_it_and_its_watchers_relist() {
+    let store = tempfile::tempdir().unwrap();
+    let mut set = backed(
+        store.path(),
+        &[
+            "--backup-interval=1h",
+            "--archive-interval=0",
+            "--restore=never",
+        ],
+    )
+    .await;
+    let plane = Plane::on(&set).await;
+    let (expected, _) = plane.create_all("snap", 15).await;
+    let out = tokio::process::Command::new(STEWARD)
+        .arg("backup")
+        .args(set.common_args(0))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name = manifest["name"].as_str().unwrap().to_string();
+    plane.delete("snap-000").await;
+    let (_, served) = plane.create_all("after-snapshot", 5).await;
+    let watch = watch_from(&plane, served);
+    let poller = Poller::start(&plane);
+    let started = Instant::now();
+    let cmd = set.steward_in(
+        1,
+        &["restore", "--snapshot", &name, "--yes", "--timeout=110s"],
+    );
+    let out = set.run_restarting(cmd).await;
+    assert!(
+        out.status.success(),
+        "restore --snapshot {name} --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    let serving = all_ready_voters(&mut set).await;
+    let mut report = judged(
+        "restore-snapshot",
+        &plane,
+        poller,
+        started,
+        serving,
+        &expected,
+    )
+    .await;
+    watchers_told(&plane, watch, serving, served, &mut report).await;
+    report.print();
+    set.shutdown().await;
+}
