@@ -146,6 +146,10 @@ func (s strategy) ValidateUpdate(_ context.Context, obj, old runtime.Object) fie
 	return validate(obj, old)
 }
 
+// eventTTL: how long an Event lives, as kube-apiserver's --event-ttl (each Event is written
+// to etcd with a lease of this TTL).
+var eventTTL = time.Hour
+
 func restStore(k kind, getter generic.RESTOptionsGetter) (*genericregistry.Store, error) {
 	s := strategy{scheme, names.SimpleNameGenerator}
 	resource := k.gv.WithResource(k.plural).GroupResource()
@@ -158,6 +162,11 @@ func restStore(k kind, getter generic.RESTOptionsGetter) (*genericregistry.Store
 		UpdateStrategy:            s,
 		DeleteStrategy:            s,
 		TableConvertor:            rest.NewDefaultTableConvertor(resource),
+	}
+	if k.plural == "events" {
+		store.TTLFunc = func(runtime.Object, uint64, bool) (uint64, error) {
+			return uint64(eventTTL.Seconds()), nil
+		}
 	}
 	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter}); err != nil {
 		return nil, err
@@ -238,6 +247,7 @@ func main() {
 	}
 	fs := cmd.Flags()
 	o.AddFlags(fs)
+	fs.DurationVar(&eventTTL, "event-ttl", time.Hour, "how long an Event is kept (each is written with an etcd lease of this TTL), as kube-apiserver's")
 	fs.StringVar(&tokenFile, "token-auth-file", "", "the bearer tokens: token,user,uid,\"group1,group2\" per line")
 	_ = pflag.CommandLine
 	cmd.SetContext(genericapiserver.SetupSignalContext())
