@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}
-command -v cargo-fuzz >/dev/null || cargo install --locked --quiet cargo-fuzz
+# Installed under $CARGO_TOOLS_ROOT when set (.ci/run keeps it in its cache), else cargo's own.
+tools_root=${CARGO_TOOLS_ROOT:-${CARGO_HOME:-$HOME/.cargo}}
+export PATH="$tools_root/bin:$PATH"
+command -v cargo-fuzz >/dev/null || cargo install --root "$tools_root" --locked --quiet cargo-fuzz
 export RUSTC_BOOTSTRAP=1
 cd fuzz
 # Its own target directory (its flags differ from the test build's, which they would

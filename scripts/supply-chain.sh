@@ -8,8 +8,11 @@ cd "$(dirname "$0")/.."
 # (cargo-deny's own profile asks for fat LTO and one unit): here cargo-deny builds in 1m54s
 # instead of 2m46s and cargo-audit in 4m15s instead of 4m50s; each check takes about a second.
 tool_build=(env CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_OPT_LEVEL=1)
-command -v cargo-deny >/dev/null || "${tool_build[@]}" cargo install --locked --quiet cargo-deny
-command -v cargo-audit >/dev/null || "${tool_build[@]}" cargo install --locked --quiet cargo-audit
+# Installed under $CARGO_TOOLS_ROOT when set (.ci/run keeps them in its cache), else cargo's own.
+tools_root=${CARGO_TOOLS_ROOT:-${CARGO_HOME:-$HOME/.cargo}}
+export PATH="$tools_root/bin:$PATH"
+command -v cargo-deny >/dev/null || "${tool_build[@]}" cargo install --root "$tools_root" --locked --quiet cargo-deny
+command -v cargo-audit >/dev/null || "${tool_build[@]}" cargo install --root "$tools_root" --locked --quiet cargo-audit
 cargo deny --log-level error check bans licenses sources
 # The snapshot sits beside the checkout (../shared/advisory-db); CI may clone elsewhere.
 db=""
