@@ -418,6 +418,26 @@ async fn watchers_told(
     );
 }
 
+/// `recover --yes` in pod 1, asked again while a wiped pod's sidecar is not up yet to say
+/// it holds nothing ("did not answer").
+async fn recover_yes(set: &mut Set) {
+    let deadline = Instant::now() + FORM;
+    loop {
+        let cmd = set.steward_in(1, &["recover", "--yes", "--timeout=120s"]);
+        let out = set.run_restarting(cmd).await;
+        if out.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            err.contains("did not answer") && Instant::now() < deadline,
+            "recover --yes: {err}\n{}",
+            set.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn all_ready_voters(set: &mut Set) -> Instant {
     let deadline = Instant::now() + ACT;
     loop {
@@ -562,14 +582,7 @@ async fn recover_after_a_majority_lost_the_api_server_serves_every_acknowledged_
     for o in [0, 2] {
         set.start(o).unwrap();
     }
-    let cmd = set.steward_in(1, &["recover", "--yes", "--timeout=80s"]);
-    let out = set.run_restarting(cmd).await;
-    assert!(
-        out.status.success(),
-        "recover --yes: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        set.dump()
-    );
+    recover_yes(&mut set).await;
     let serving = all_ready_voters(&mut set).await;
     let report = judged("recover", &plane, poller, started, serving, &acknowledged).await;
     let new = plane.create("acked-after").await;
@@ -746,5 +759,121 @@ async fn restore_snapshot_on_a_live_cluster_the_api_server_serves_it_and_its_wat
     .await;
     watchers_told(&plane, watch, serving, served, &mut report).await;
     report.print();
+    set.shutdown().await;
+}
+
+/// An hour of Events as kube-apiserver stores them: each with the 1-hour lease of
+/// `--event-ttl`. `n` Events regarding Pods `obj-*`.
+async fn post_events(plane: &Plane, n: usize) {
+    use k8s_openapi::api::events::v1::Event;
+    let events: Api<Event> = Api::namespaced(plane.api.client(Token::Admin).unwrap(), "default");
+    for i in 0..n {
+        let e: Event = serde_json::from_value(serde_json::json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("ev-{i:05}")},
+            "eventTime": "2026-12-02T07:00:00.000000Z",
+            "reportingController": "kubelet", "reportingInstance": "node-1",
+            "action": "Started", "reason": "Started", "type": "Normal",
+            "note": "Started container c",
+            "regarding": {"kind": "Pod", "namespace": "default", "name": format!("obj-{:05}", i % 1000)},
+        }))
+        .unwrap();
+        events.create(&PostParams::default(), &e).await.unwrap();
+    }
+}
+
+/// BENCHMARKS.md, *Under a Kubernetes control plane*: 10,000 Pods (1 KiB annotation each) and
+/// 3,600 Events with their leases written through the API server, then every volume lost
+/// and the newest backup restored, a majority lost and `recover`, one member replaced: each
+/// act's time to a serving cluster and to the API server serving the cluster's state, and
+/// the API server's failed requests. Ignored (minutes): `cargo test --test control_plane --
+/// --ignored --nocapture measure_`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_a_control_planes_data_through_every_act() {
+    let store = tempfile::tempdir().unwrap();
+    let mut set = backed(
+        store.path(),
+        &[
+            "--backup-interval=1h",
+            "--archive-interval=0",
+            "--restore=latest",
+        ],
+    )
+    .await;
+    let plane = Plane::on(&set).await;
+    let t = Instant::now();
+    let mut objects = BTreeSet::new();
+    for i in 0..10_000 {
+        let name = format!("obj-{i:05}");
+        plane.create_padded(&name, 1024).await;
+        objects.insert(name);
+    }
+    post_events(&plane, 3600).await;
+    println!(
+        "control-plane-bench: wrote 10000 pods and 3600 events in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    backup_now(&set, 0).await;
+
+    // Every volume lost, the newest backup restored.
+    let served = plane.list(false).await.unwrap().1;
+    let watch = watch_from(&plane, served);
+    let poller = Poller::start(&plane);
+    let started = Instant::now();
+    for o in 0..3 {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    let serving = all_ready_voters(&mut set).await;
+    let mut report = judged(
+        "bench-every-volume-lost",
+        &plane,
+        poller,
+        started,
+        serving,
+        &objects,
+    )
+    .await;
+    watchers_told(&plane, watch, serving, served, &mut report).await;
+    objects.insert("bench-every-volume-lost-after".into());
+    report.print();
+
+    // A majority lost, recover.
+    let poller = Poller::start(&plane);
+    let started = Instant::now();
+    for o in [0, 2] {
+        set.kill(o).await.unwrap();
+        set.wipe(o).unwrap();
+    }
+    for o in [0, 2] {
+        set.start(o).unwrap();
+    }
+    recover_yes(&mut set).await;
+    let serving = all_ready_voters(&mut set).await;
+    judged("bench-recover", &plane, poller, started, serving, &objects)
+        .await
+        .print();
+
+    // One member replaced.
+    let poller = Poller::start(&plane);
+    let started = Instant::now();
+    set.kill(2).await.unwrap();
+    set.wipe(2).unwrap();
+    set.start(2).unwrap();
+    let serving = all_ready_voters(&mut set).await;
+    judged(
+        "bench-member-replaced",
+        &plane,
+        poller,
+        started,
+        serving,
+        &objects,
+    )
+    .await
+    .print();
     set.shutdown().await;
 }
