@@ -377,6 +377,11 @@ async fn run<A: EventApi>(
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retries: Retries<Call> = Retries::default();
     let mut warned = false;
+    // Every sender dropped and every act queued taken: the counts not sent yet go now, then
+    // the task ends. (Ending as soon as the queue was found closed and empty lost them
+    // whenever the handle went while acts were still queued: the last act was taken, and
+    // the flush below never ran.)
+    let mut stopped = false;
     loop {
         let next = retries.next().map(tokio::time::Instant::from_std);
         let (calls, again) = tokio::select! {
@@ -385,7 +390,10 @@ async fn run<A: EventApi>(
                     let wall = p.at.unwrap_or_else(SystemTime::now);
                     (series.record_named(p.act, p.name, monotonic(), wall).into_iter().collect(), Vec::new())
                 }
-                None => (series.due(monotonic() + HEARTBEAT), Vec::new()),
+                None => {
+                    stopped = true;
+                    (series.due(monotonic() + HEARTBEAT), Vec::new())
+                }
             },
             _ = heartbeat.tick() => (series.due(monotonic()), Vec::new()),
             _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
@@ -447,7 +455,7 @@ async fn run<A: EventApi>(
                 tracing::warn!(event = %name, reason = %act.reason, "a Kubernetes Event was given up after an hour of tries, or for newer ones");
             }
         }
-        if rx.is_closed() && rx.is_empty() {
+        if stopped {
             return;
         }
     }
@@ -507,5 +515,47 @@ mod tests {
         let names: std::collections::BTreeSet<&str> =
             Reason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), Reason::ALL.len());
+    }
+
+    /// Records each call and answers it at once.
+    #[derive(Clone, Default)]
+    struct Recorded(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl EventApi for Recorded {
+        async fn create(&self, event: Event) -> Result<(), KubeError> {
+            let reason = event.reason.unwrap_or_default();
+            self.0.lock().unwrap().push(format!("create {reason}"));
+            Ok(())
+        }
+        async fn update_series(&self, _: &str, series: EventSeries) -> Result<(), KubeError> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("series {}", series.count));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn repeats_still_queued_when_the_poster_stops_are_in_the_last_count_sent() {
+        let api = Recorded::default();
+        let regarding = Regarding {
+            namespace: "db".into(),
+            pod: "etcd-1".into(),
+            uid: None,
+        };
+        let events = Events::start(api.clone(), regarding, Counter::default());
+        for _ in 0..5 {
+            events.post(waiting().reason, waiting().note);
+        }
+        // Dropped with the five acts still queued: the task has not run yet.
+        drop(events);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            *api.0.lock().unwrap(),
+            ["create WaitingTooLong", "series 5"]
+        );
     }
 }
