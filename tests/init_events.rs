@@ -1,8 +1,11 @@
 //! The acts `init` takes become Kubernetes Events on the pod that acted: `init` journals
 //! them and execs etcd, the sidecar beside it posts them (src/sidecar/init_events.rs).
 //! Real etcd, a real dnsmasq, real `init` and `sidecar` processes on loopback pods, and the
-//! fake Kubernetes API (`harness::fake_kube`), which keeps the Events it is sent. Run one
-//! scenario per process (each takes the network `STEWARD_TEST_NET`).
+//! fake Kubernetes API (`harness::fake_kube`), which keeps the Events it is sent: the API
+//! is up from the first start (a real one would need the pods' etcd first) and can be made
+//! to hang (`init` never waits on it). A lost volume's Events against a real API server, on
+//! a real Pod object, are tests/kube_calls.rs. Run one scenario per process (each takes the
+//! network `STEWARD_TEST_NET`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,5 +1,10 @@
 //! Scale-in against real etcd on five loopback pods, the Kubernetes API played by
-//! [`harness::fake_kube::FakeKube`], which answers what the real one does: an apps/v1
+//! [`harness::fake_kube::FakeKube`]: for what a real API server cannot be made to do here
+//! (silence: connections dropped unanswered, a connection kept from before that hangs),
+//! for counting the requests (only the leader asks) and for each etcd release at little
+//! cost. The same calls against a real API server (its authorization, its label selector,
+//! objects created, merge-patched and deleted by a client) are tests/kube_calls.rs. The
+//! fake answers what the real one does: an apps/v1
 //! StatefulSet, a v1 PodList narrowed by `labelSelector`, and a v1 Status 404 for a
 //! StatefulSet it does not hold. One scenario per etcd version: silence (an API that does
 //! not answer) removes nothing; only the leader's sidecar asks the API; pods gone while

@@ -6,6 +6,15 @@
 //! namespace is caught. It also takes `events.k8s.io/v1` Events (a POST validated as the
 //! API server validates one, a JSON merge patch of its series) and keeps them
 //! ([`FakeKube::events`]). Plain HTTP, no authentication.
+//!
+//! A real API server runs in the tests too ([`crate::kube_apiserver`], the project's test
+//! API server on Kubernetes' own libraries; tests/kube_calls.rs proves the agent's calls
+//! against it). The fake stays for what that server cannot be made to do: answer 500 or
+//! any status to Events on demand ([`FakeKube::refuse_events`]), go silent (connections
+//! dropped unanswered, kept ones hung: [`FakeKube::set_silent`]), count the requests by
+//! path ([`FakeKube::requests`]) and show the bearer token sent ([`FakeKube::bearer`]); and
+//! for scenarios where an API must be up before any etcd is (the real server stores in
+//! etcd), or must be served to Docker pods (tests/fault.rs) without a build of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

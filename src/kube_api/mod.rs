@@ -3,8 +3,9 @@
 //! namespace. Two read-only GETs through the `kube` crate's typed client
 //! (`Api<StatefulSet>::get`, `Api<Pod>::list` with a `labelSelector`), with the pod's
 //! service-account token (re-read as it rotates) over the in-cluster HTTPS endpoint, or
-//! `--kube-api-url` (plain HTTP in tests). [`Workload`] is the seam; a fake stands in for
-//! tests.
+//! `--kube-api-url` (https to the project's test API server in tests/kube_calls.rs, plain
+//! HTTP to `harness::fake_kube` elsewhere). [`Workload`] is the seam; a fake stands in for
+//! unit tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
