@@ -27,13 +27,19 @@
 //! corrupted on a pod's disk, which the agent must find and rebuild from the peers: no member
 //! serves a value never written afterwards (checked in every schedule). Its fixed seed is
 //! `FIXED_CORRUPT_SEED`.
+//!
+//! Generator 6 (`CHAOS_GENERATOR=6 …`, loopback only, etcd 3.5) plays generator 2's faults
+//! with Kubernetes' own API server as the writer (`harness::kube_writer`: objects, Leases
+//! renewed as controllers do, Events with their one-hour leases, a reflector-like watcher)
+//! and checks through it what it acknowledged. Its fixed seed is `FIXED_KUBE_SEED`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
 use std::time::Duration;
 
-use harness::chaos::{self, Schedule};
+use harness::chaos::{self, Schedule, Writes};
+use harness::kube_apiserver::{EtcdAccess, KubeApiServer};
 use harness::loopback::Set;
 use harness::wal_kept::WalRecords;
 use harness::Etcd;
@@ -63,6 +69,18 @@ const CORRUPT_GENERATOR: u32 = 5;
 
 /// A generator-5 seed CI replays on etcd 3.5 (latest).
 const FIXED_CORRUPT_SEED: u64 = 3;
+
+/// The generation of the schedules written by Kubernetes' own API server
+/// (`harness::kube_writer`): generator 2's faults, with the test API server (the three pods
+/// as its `--etcd-servers`, its watch cache on) as the writer — Pods created, Leases renewed
+/// as controllers do, Events with their leases, a watcher re-watching and re-listing as
+/// client-go's reflector does — and what it acknowledged read back through it after
+/// healing. On etcd 3.5 releases alone (Kubernetes 1.36 supports no older). Counted apart
+/// in the figure.
+const KUBE_GENERATOR: u32 = 6;
+
+/// A generator-6 seed CI replays.
+const FIXED_KUBE_SEED: (u64, Etcd) = (1, Etcd::V3_5Current);
 
 /// Generator-3 seeds CI replays, each on one release: every volume lost, on etcd 3.5.30,
 /// whose etcdutl jumps the revision (so the restore is checked for a revision that goes
@@ -97,26 +115,58 @@ fn schedule_of(generator: u32, seed: u64) -> Schedule {
             Schedule::generate_disaster_with_keys(seed, 3, DISASTER_FAULTS, DISASTER_SPAN)
         }
         CORRUPT_GENERATOR => Schedule::generate_corrupt(seed, 3, DISASTER_FAULTS, DISASTER_SPAN),
+        // KUBE_GENERATOR: generator 2's faults, another writer.
         _ => Schedule::generate(seed, 3, FAULTS, SPAN),
     }
 }
 
 /// Plays `schedule` on a new set of `etcd`; as [`one_schedule`].
 async fn play(schedule: Schedule, etcd: Etcd) -> (chaos::Outcome, Option<String>) {
+    play_writing(schedule, etcd, false).await
+}
+
+/// [`play`], written (`kube`) by the test API server on the set rather than by the etcd
+/// writer.
+async fn play_writing(
+    schedule: Schedule,
+    etcd: Etcd,
+    kube: bool,
+) -> (chaos::Outcome, Option<String>) {
     let seed = schedule.seed;
     eprintln!("{schedule}");
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     chaos::prepare(&mut set, &schedule).unwrap();
     set.start_all(WAIT).await.unwrap();
     set.wait_ready(&[0, 1, 2], 3, WAIT).await.unwrap();
-    let outcome = chaos::run(&mut set, &schedule).await;
+    let api = match kube {
+        true => {
+            let servers = (0..3).map(|o| set.client_url(o)).collect();
+            let access = EtcdAccess { servers, tls: None };
+            let api = KubeApiServer::start(&access).await.unwrap();
+            api.wait_ready(WAIT).await.unwrap();
+            Some(api)
+        }
+        false => None,
+    };
+    let writes = match &api {
+        Some(api) => Writes::Kube(api),
+        None => Writes::Etcd,
+    };
+    let outcome = chaos::run_writing(&mut set, &schedule, writes).await;
     let violations = outcome.violations();
     let failure = (!violations.is_empty()).then(|| {
+        let api_log = api
+            .as_ref()
+            .map(|a| format!("\nthe API server's log:\n{}", a.log()))
+            .unwrap_or_default();
         format!(
-            "seed {seed} on {etcd:?}: {violations:#?}\n{schedule}\n{outcome:?}\n{}",
+            "seed {seed} on {etcd:?}: {violations:#?}\n{schedule}\n{outcome:?}\n{}{api_log}",
             set.dump()
         )
     });
+    if let Some(api) = api {
+        api.stop().await;
+    }
     set.shutdown().await;
     (outcome, failure)
 }
@@ -395,6 +445,46 @@ async fn a_fixed_seed_with_a_value_corrupted_on_disk_is_healed_by_the_agent() {
     );
 }
 
+/// Generator 6's fixed seed: generator 2's faults (pods killed, a volume lost, etcds paused,
+/// pods cut off, full disks, backups) with Kubernetes' own API server as the writer; after
+/// healing, everything it acknowledged is served through it (a consistent list, the watch
+/// cache, a watcher that re-watched and re-listed), no resource version went backwards, every
+/// Lease holds its last acknowledged renewal, every acknowledged Event is served, and every
+/// member holds every acknowledged object (linearizable reads of its etcd keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_seed_written_by_the_api_server_loses_nothing_it_acknowledged() {
+    let (seed, etcd) = FIXED_KUBE_SEED;
+    let started = std::time::Instant::now();
+    let (o, failure) = play_writing(schedule_of(KUBE_GENERATOR, seed), etcd, true).await;
+    if let Some(f) = failure {
+        panic!("{f}");
+    }
+    let k = o.kube.as_ref().expect("the API server wrote");
+    assert!(
+        k.acked > 0 && k.events_acked > 0 && k.watches > 0,
+        "objects and Events acknowledged, and watched: {k:?}"
+    );
+    assert!(
+        k.leases.iter().all(|l| l.renewals > 1),
+        "every Lease renewed: {:?}",
+        k.leases
+    );
+    assert!(o.faults >= FAULTS - 1, "the faults were applied");
+    eprintln!(
+        "seed {seed} on {etcd:?} written by the API server: {} in {:?}; {} objects, {} Events, Lease renewals {:?}; the watcher listed {} times, watched {} times, was told 410 {} times; failed requests {:?}; longest unexplained refusal {:?}",
+        o.tsv_line(),
+        started.elapsed(),
+        k.acked,
+        k.events_acked,
+        k.leases.iter().map(|l| l.renewals).collect::<Vec<_>>(),
+        k.watch_lists,
+        k.watches,
+        k.watch_gone,
+        k.failed,
+        o.unexplained()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "open-ended: CHAOS_SCHEDULES=N (or CHAOS_SEEDS=a,b,…) appends to chaos-results.tsv"]
 async fn open_ended_schedules_append_to_the_results_file() {
@@ -422,16 +512,22 @@ async fn open_ended_schedules_append_to_the_results_file() {
             GENERATOR,
             DISASTER_GENERATOR,
             KEY_GENERATOR,
-            CORRUPT_GENERATOR
+            CORRUPT_GENERATOR,
+            KUBE_GENERATOR
         ]
         .contains(&generator),
-        "CHAOS_GENERATOR must be {GENERATOR}, {DISASTER_GENERATOR}, {KEY_GENERATOR} or {CORRUPT_GENERATOR}"
+        "CHAOS_GENERATOR must be {GENERATOR}, {DISASTER_GENERATOR}, {KEY_GENERATOR}, {CORRUPT_GENERATOR} or {KUBE_GENERATOR}"
     );
     let releases = [Etcd::V3_5Current, Etcd::V3_4, Etcd::V3_5];
+    let kube = generator == KUBE_GENERATOR;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/chaos-results.tsv");
     for seed in seeds {
-        let etcd = releases[(seed % 3) as usize];
-        let (o, failure) = play(schedule_of(generator, seed), etcd).await;
+        let etcd = match kube {
+            // Kubernetes 1.36 supports etcd 3.5 and later.
+            true => [Etcd::V3_5Current, Etcd::V3_5][(seed % 2) as usize],
+            false => releases[(seed % 3) as usize],
+        };
+        let (o, failure) = play_writing(schedule_of(generator, seed), etcd, kube).await;
         if !std::path::Path::new(path).exists() {
             std::fs::write(path, RESULTS_HEADER).unwrap();
         }

@@ -270,6 +270,7 @@ pub async fn run(c: &mut Cluster, etcd: Etcd, schedule: &Schedule) -> Outcome {
         slack: DOCKER_SLACK,
         disaster_window: None,
         disaster: None,
+        kube: None,
     }
 }
 

@@ -28,6 +28,7 @@ pub mod docker;
 pub mod etcd;
 pub mod fake_kube;
 pub mod kube_apiserver;
+pub mod kube_writer;
 pub mod logs;
 pub mod loopback;
 pub mod moto;

@@ -8,6 +8,7 @@ use super::schedule::{Event, Fault};
 use crate::backup_taken::BackupTaken;
 use crate::bounds::UNEXPLAINED_BOUND;
 use crate::disaster::DisasterSeen;
+use crate::kube_writer::KubeSeen;
 use crate::writer::WriterReport;
 
 /// What a run saw, for the checker and the results file.
@@ -78,6 +79,9 @@ pub struct Outcome {
     pub disaster_window: Option<(Duration, Duration)>,
     /// What generator 3's disaster left (`None`: the schedule had none).
     pub disaster: Option<DisasterSeen>,
+    /// Under Kubernetes' API server as the writer (generator 6): what it served after
+    /// healing, against what it acknowledged (`None`: the etcd writer wrote).
+    pub kube: Option<KubeSeen>,
 }
 
 /// How long before the runner sees an etcd exit it may have happened: its loop looks every
@@ -167,6 +171,9 @@ impl Outcome {
         }
         if !self.recovered {
             v.push("not every pod came back as a ready voter after healing".into());
+        }
+        if let Some(k) = &self.kube {
+            v.extend(k.violations());
         }
         let before_restore = self
             .disaster

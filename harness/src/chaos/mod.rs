@@ -31,7 +31,7 @@ pub use crate::bounds::{
 };
 pub use crate::rng::Rng;
 pub use check::{explained, uncovered, Outcome, Sentinels, Unexplained, SENTINEL_PREFIX};
-pub use runner::{prepare, run, VOLUME_MIB};
+pub use runner::{prepare, run, run_writing, Writes, VOLUME_MIB};
 pub use schedule::{Event, Fault, Schedule, CORRUPTION_CHECK, DEFRAG_THRESHOLD};
 
 #[cfg(test)]

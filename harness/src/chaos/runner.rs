@@ -13,9 +13,11 @@ use super::schedule::{Event, Fault, Schedule, CORRUPTION_CHECK, DEFRAG_THRESHOLD
 use crate::backup_taken::BackupTaken;
 use crate::bounds::{BACKUP_TIME_OUT, RECOVERY_BOUND};
 use crate::disaster::Disaster;
+use crate::kube_apiserver::KubeApiServer;
+use crate::kube_writer::{KubeSeen, KubeWriter};
 use crate::loopback::Set;
 use crate::wal_kept::WalRecords;
-use crate::writer::Writer;
+use crate::writer::{Writer, WriterReport};
 
 /// `etcd_steward_defrag_total` of every sidecar, summed over restarts (a restarted
 /// sidecar counts from zero again).
@@ -171,9 +173,74 @@ fn signal(pid: u32, sig: &str) {
         .status();
 }
 
+/// Who writes while a schedule plays.
+pub enum Writes<'a> {
+    /// The etcd writer ([`Writer`]), through every pod's client URL.
+    Etcd,
+    /// Kubernetes' own API server on the pods ([`KubeWriter`]): objects, Leases renewed,
+    /// Events with their leases, and a watcher; what it served is checked through it.
+    Kube(&'a KubeApiServer),
+}
+
+/// The writer of a run.
+enum Running {
+    Etcd(Writer),
+    Kube(Box<KubeWriter>),
+}
+
+impl Running {
+    fn acked(&self) -> u64 {
+        match self {
+            Running::Etcd(w) => w.acked(),
+            Running::Kube(w) => w.acked(),
+        }
+    }
+
+    async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
+        match self {
+            Running::Etcd(w) => w.wait_progress(n, timeout, what).await,
+            Running::Kube(w) => w.wait_progress(n, timeout, what).await,
+        }
+    }
+
+    /// The etcd writer, which the disasters and the corruption need (they hold it, or
+    /// read its values from the database files).
+    fn etcd(&self, what: &str) -> &Writer {
+        match self {
+            Running::Etcd(w) => w,
+            Running::Kube(_) => panic!("chaos: {what} is played under the etcd writer alone"),
+        }
+    }
+
+    /// Stops writing; the report, and for the API server what it serves, checked.
+    async fn stop(self) -> (WriterReport, Option<KubeSeen>) {
+        match self {
+            Running::Etcd(w) => (w.stop().await, None),
+            Running::Kube(w) => {
+                let written = w.stop().await;
+                let report = written.report().clone();
+                (report, Some(written.check().await))
+            }
+        }
+    }
+
+    /// The etcd key of each write.
+    fn key_of(&self) -> fn(u64) -> String {
+        match self {
+            Running::Etcd(_) => crate::writer::write_key,
+            Running::Kube(_) => crate::kube_writer::write_key,
+        }
+    }
+}
+
 /// Plays `schedule` on `set` (formed, every pod a ready voter) under a writer through every
 /// pod, heals, waits for recovery and checks.
 pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
+    run_writing(set, schedule, Writes::Etcd).await
+}
+
+/// [`run`], written by `writes`.
+pub async fn run_writing(set: &mut Set, schedule: &Schedule, writes: Writes<'_>) -> Outcome {
     let pods: Vec<u32> = (0..schedule.pods).collect();
     let cluster_before = set.cluster_id(0).await.ok();
     let mut ids_before = Vec::new();
@@ -182,7 +249,14 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
     }
     // The writer's times and the faults' count from the same start.
     let started = Instant::now();
-    let writer = Writer::start(pods.iter().map(|o| set.client_url(*o)).collect());
+    let writer = match writes {
+        Writes::Etcd => Running::Etcd(Writer::start(
+            pods.iter().map(|o| set.client_url(*o)).collect(),
+        )),
+        Writes::Kube(api) => Running::Kube(Box::new(
+            KubeWriter::start(api).unwrap_or_else(|e| panic!("chaos: the API server writer: {e}")),
+        )),
+    };
     let mut pending: Vec<(Duration, Heal, usize)> = Vec::new();
     let mut played: Vec<Event> = Vec::new();
     let mut paused: Vec<(u32, u32)> = Vec::new();
@@ -293,7 +367,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                 let at = started.elapsed();
                 let heal = match e.fault {
                     Fault::CorruptValue(o) => {
-                        let i = corrupt(set, o, writer.acked()).await;
+                        let i = corrupt(set, o, writer.etcd("a corrupted value").acked()).await;
                         if let Some(c) = corruption.as_mut() {
                             c.write = Some(i);
                         }
@@ -326,7 +400,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
                     ids[*o as usize] = Some(id);
                 }
             }
-            let struck = crate::disaster::strike(set, d, &writer).await;
+            let struck = crate::disaster::strike(set, d, writer.etcd("a disaster")).await;
             for o in d.wiped(schedule.pods) {
                 wiped.insert(o);
                 sentinels.volume_lost(o);
@@ -366,7 +440,8 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
             .wait_progress(10, RECOVERY_BOUND, "after healing")
             .await;
     }
-    let writes = writer.stop().await;
+    let key_of = writer.key_of();
+    let (writes, kube) = writer.stop().await;
     if schedule.defrag {
         defrags.sample(set).await;
     }
@@ -408,7 +483,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         }
     }
     for o in &pods {
-        missing.push(missing_writes(set, *o, writes.acked).await);
+        missing.push(missing_writes(set, *o, writes.acked, key_of).await);
         if let Ok(c) = set.cluster_id(*o).await {
             clusters.insert(c);
         }
@@ -483,6 +558,7 @@ pub async fn run(set: &mut Set, schedule: &Schedule) -> Outcome {
         slack: Duration::ZERO,
         disaster_window,
         disaster,
+        kube,
     }
 }
 
@@ -597,12 +673,11 @@ fn apply_heal(set: &mut Set, heal: Heal, paused: &mut Vec<(u32, u32)>) {
     }
 }
 
-/// Acknowledged writes `0..acked` missing from a linearizable read through pod `o`.
-async fn missing_writes(set: &Set, o: u32, acked: u64) -> Option<u64> {
+/// Acknowledged writes `0..acked` (the `i`-th under etcd key `key(i)`) missing from a
+/// linearizable read through pod `o`.
+async fn missing_writes(set: &Set, o: u32, acked: u64, key: fn(u64) -> String) -> Option<u64> {
     let mut c = set.client(o).await.ok()?;
-    let opts = GetOptions::new()
-        .with_range(crate::writer::write_key(acked))
-        .with_count_only();
-    let r = c.get(crate::writer::write_key(0), Some(opts)).await.ok()?;
+    let opts = GetOptions::new().with_range(key(acked)).with_count_only();
+    let r = c.get(key(0), Some(opts)).await.ok()?;
     Some(acked.saturating_sub(r.count().max(0) as u64))
 }

@@ -195,6 +195,7 @@ fn clean() -> Outcome {
         wal_records: 3,
         wal_missing: vec![],
         disaster: None,
+        kube: None,
     }
 }
 
