@@ -22,7 +22,7 @@
 //! writes as it does the etcd writer's.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use tokio::time::Instant;
 
 use crate::kube_apiserver::{KubeApiServer, Token};
-use crate::writer::{WriterReport, REFUSAL};
+use crate::writer::{wait_acked, WriterReport};
 use crate::{Error, Result};
 
 /// The namespace every object of the writer is in.
@@ -100,16 +100,40 @@ struct Renewal {
     rv: u64,
 }
 
+/// Told once to stop: a task's pause between requests ends at once.
+#[derive(Clone)]
+struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    fn new() -> (tokio::sync::watch::Sender<bool>, Stop) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Stop(rx))
+    }
+
+    fn told(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits `d`, or less if told to stop meanwhile.
+    async fn sleep(&mut self, d: Duration) {
+        let _ = tokio::time::timeout(d, self.0.wait_for(|s| *s)).await;
+    }
+
+    /// Waits until told to stop.
+    async fn wait(&mut self) {
+        let _ = self.0.wait_for(|s| *s).await;
+    }
+}
+
 /// A running writer; [`KubeWriter::stop`] ends it.
 pub struct KubeWriter {
-    stop: Arc<AtomicBool>,
+    stop: tokio::sync::watch::Sender<bool>,
     acked: Arc<AtomicU64>,
-    started: Instant,
     objects: tokio::task::JoinHandle<WriterReport>,
     leases: Vec<tokio::task::JoinHandle<Vec<Renewal>>>,
     events: tokio::task::JoinHandle<Vec<String>>,
     watcher: tokio::task::JoinHandle<()>,
-    watch_stop: Arc<AtomicBool>,
+    watch_stop: tokio::sync::watch::Sender<bool>,
     watched: Arc<Mutex<Watched>>,
     failures: Failures,
     client: kube::Client,
@@ -121,7 +145,7 @@ pub struct Written {
     renewals: Vec<Vec<Renewal>>,
     events: Vec<String>,
     watcher: tokio::task::JoinHandle<()>,
-    watch_stop: Arc<AtomicBool>,
+    watch_stop: tokio::sync::watch::Sender<bool>,
     watched: Arc<Mutex<Watched>>,
     failures: Failures,
     client: kube::Client,
@@ -134,7 +158,7 @@ impl KubeWriter {
     pub fn start(api: &KubeApiServer) -> Result<KubeWriter> {
         let client = api.client(Token::Admin)?;
         let started = Instant::now();
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, told) = Stop::new();
         let acked = Arc::new(AtomicU64::new(0));
         let failures: Failures = Arc::default();
         let watched: Arc<Mutex<Watched>> = Arc::default();
@@ -142,7 +166,7 @@ impl KubeWriter {
         let objects = tokio::spawn(create_loop(
             pods.clone(),
             started,
-            stop.clone(),
+            told.clone(),
             acked.clone(),
             failures.clone(),
         ));
@@ -151,28 +175,27 @@ impl KubeWriter {
                 tokio::spawn(renew_loop(
                     Api::namespaced(client.clone(), NAMESPACE),
                     format!("controller-{n}"),
-                    stop.clone(),
+                    told.clone(),
                     failures.clone(),
                 ))
             })
             .collect();
         let events = tokio::spawn(event_loop(
             Api::namespaced(client.clone(), NAMESPACE),
-            stop.clone(),
+            told,
             failures.clone(),
         ));
         // The watcher runs on after the writers stop, until the check has seen it catch up.
-        let watch_stop = Arc::new(AtomicBool::new(false));
+        let (watch_stop, watch_told) = Stop::new();
         let watcher = tokio::spawn(watch_loop(
             pods,
-            watch_stop.clone(),
+            watch_told,
             watched.clone(),
             failures.clone(),
         ));
         Ok(KubeWriter {
             stop,
             acked,
-            started,
             objects,
             leases,
             events,
@@ -184,11 +207,6 @@ impl KubeWriter {
         })
     }
 
-    /// The writer's clock: the time since it started.
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
     /// How many objects are acknowledged so far.
     pub fn acked(&self) -> u64 {
         self.acked.load(Ordering::SeqCst)
@@ -196,21 +214,12 @@ impl KubeWriter {
 
     /// Waits until `n` more objects than now are acknowledged.
     pub async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
-        let target = self.acked() + n;
-        let deadline = Instant::now() + timeout;
-        while self.acked() < target {
-            assert!(
-                Instant::now() < deadline,
-                "the API server writer made no progress ({what}): {} acknowledged, wanted {target}",
-                self.acked()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_acked(&self.acked, n, timeout, "the API server writer", what).await;
     }
 
     /// Stops writing (the watcher goes on until [`Written::check`]).
     pub async fn stop(self) -> Written {
-        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.stop.send(true);
         let report = self
             .objects
             .await
@@ -292,7 +301,7 @@ impl Written {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        self.watch_stop.store(true, Ordering::SeqCst);
+        let _ = self.watch_stop.send(true);
         let _ = self.watcher.await;
         {
             let w = self
@@ -521,23 +530,14 @@ fn pod(i: u64) -> Pod {
 async fn create_loop(
     pods: Api<Pod>,
     started: Instant,
-    stop: Arc<AtomicBool>,
+    stop: Stop,
     acked: Arc<AtomicU64>,
     failures: Failures,
 ) -> WriterReport {
-    let mut report = WriterReport {
-        acked: 0,
-        failures: 0,
-        max_gap: Duration::ZERO,
-        max_gap_at: Duration::ZERO,
-        refusals: Vec::new(),
-        last_error: String::new(),
-        revisions: Vec::new(),
-        acked_at: Vec::new(),
-    };
+    let mut report = WriterReport::new();
     let mut last_ack = started;
     let mut i = 0u64;
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.told() {
         let name = object_name(i);
         let written = match answer(pods.create(&PostParams::default(), &pod(i))).await {
             Ok(p) => Ok(rv(p.metadata.resource_version.as_ref())),
@@ -549,17 +549,8 @@ async fn create_loop(
         };
         match written {
             Ok(version) => {
-                let now = Instant::now();
                 report.revisions.push(version as i64);
-                report.acked_at.push(now - started);
-                if now - last_ack > REFUSAL {
-                    report.refusals.push((last_ack - started, now - started));
-                }
-                if now - last_ack > report.max_gap {
-                    report.max_gap = now - last_ack;
-                    report.max_gap_at = now - started;
-                }
-                last_ack = now;
+                report.acknowledged(started, &mut last_ack);
                 i += 1;
                 acked.store(i, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -596,12 +587,12 @@ fn lease(name: &str, holder: &str, at: k8s_openapi::jiff::Timestamp) -> Lease {
 async fn renew_loop(
     leases: Api<Lease>,
     name: String,
-    stop: Arc<AtomicBool>,
+    mut stop: Stop,
     failures: Failures,
 ) -> Vec<Renewal> {
     let holder = format!("{name}-holder");
     let mut renewals = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.told() {
         let now = k8s_openapi::jiff::Timestamp::now();
         let result = match answer(leases.get_opt(&name)).await {
             Ok(None) => {
@@ -625,20 +616,17 @@ async fn renew_loop(
             }),
             Err(_) => failed(&failures, "renew a Lease"),
         }
-        let next = Instant::now() + RENEW;
-        while Instant::now() < next && !stop.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        stop.sleep(RENEW).await;
     }
     renewals
 }
 
 /// Creates an Event every [`EVENT_EVERY`], regarding the newest objects; the names of those
 /// acknowledged.
-async fn event_loop(events: Api<Event>, stop: Arc<AtomicBool>, failures: Failures) -> Vec<String> {
+async fn event_loop(events: Api<Event>, mut stop: Stop, failures: Failures) -> Vec<String> {
     let mut acked = Vec::new();
     let mut i = 0u64;
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.told() {
         let name = format!("ev-{i:06}");
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut e: Event = serde_json::from_value(serde_json::json!({
@@ -664,10 +652,7 @@ async fn event_loop(events: Api<Event>, stop: Arc<AtomicBool>, failures: Failure
             }
             Err(_) => failed(&failures, "create an Event"),
         }
-        let next = Instant::now() + EVENT_EVERY;
-        while Instant::now() < next && !stop.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        stop.sleep(EVENT_EVERY).await;
     }
     acked
 }
@@ -676,7 +661,7 @@ async fn event_loop(events: Api<Event>, stop: Arc<AtomicBool>, failures: Failure
 /// version, re-watch from the last one seen when a watch ends, list again on 410 Gone.
 async fn watch_loop(
     pods: Api<Pod>,
-    stop: Arc<AtomicBool>,
+    mut stop: Stop,
     watched: Arc<Mutex<Watched>>,
     failures: Failures,
 ) {
@@ -697,7 +682,7 @@ async fn watch_loop(
         w.names.extend(names);
     };
     let mut from: Option<u64> = None;
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.told() {
         let Some(version) = from else {
             match answer(pods.list_metadata(&ListParams::default())).await {
                 Ok(list) => {
@@ -712,7 +697,7 @@ async fn watch_loop(
                 }
                 Err(_) => {
                     failed(&failures, "list (watcher)");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    stop.sleep(Duration::from_millis(200)).await;
                 }
             }
             continue;
@@ -725,7 +710,7 @@ async fn watch_loop(
                 if e.to_string().contains("410") || e.to_string().contains("too old") {
                     from = None;
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                stop.sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
@@ -734,11 +719,13 @@ async fn watch_loop(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .watches += 1;
         let mut stream = std::pin::pin!(stream);
-        while !stop.load(Ordering::SeqCst) {
-            let next = match tokio::time::timeout(Duration::from_millis(200), stream.next()).await {
-                Err(_) => continue,
-                Ok(None) => break,
-                Ok(Some(n)) => n,
+        loop {
+            let next = tokio::select! {
+                n = stream.next() => n,
+                () = stop.wait() => None,
+            };
+            let Some(next) = next else {
+                break;
             };
             match next {
                 Ok(WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p)) => {

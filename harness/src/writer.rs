@@ -65,6 +65,59 @@ pub struct WriterReport {
     pub acked_at: Vec<Duration>,
 }
 
+impl WriterReport {
+    /// A report of nothing written yet.
+    pub(crate) fn new() -> WriterReport {
+        WriterReport {
+            acked: 0,
+            failures: 0,
+            max_gap: Duration::ZERO,
+            max_gap_at: Duration::ZERO,
+            refusals: Vec::new(),
+            last_error: String::new(),
+            revisions: Vec::new(),
+            acked_at: Vec::new(),
+        }
+    }
+
+    /// Records a write acknowledged now, by a writer started at `started` whose last
+    /// acknowledgement (or start, or end of a pause) was `last_ack`: its time, and the gap
+    /// before it as a refusal when longer than [`REFUSAL`]. `last_ack` becomes now.
+    pub(crate) fn acknowledged(&mut self, started: Instant, last_ack: &mut Instant) {
+        let now = Instant::now();
+        self.acked_at.push(now - started);
+        if now - *last_ack > REFUSAL {
+            self.refusals.push((*last_ack - started, now - started));
+        }
+        if now - *last_ack > self.max_gap {
+            self.max_gap = now - *last_ack;
+            self.max_gap_at = now - started;
+        }
+        *last_ack = now;
+    }
+}
+
+/// Waits until `acked` counts `n` more than now, within `timeout`; `who` and `what` name
+/// the writer and the moment in the panic when it does not.
+pub(crate) async fn wait_acked(
+    acked: &AtomicU64,
+    n: u64,
+    timeout: Duration,
+    who: &str,
+    what: &str,
+) {
+    let target = acked.load(Ordering::SeqCst) + n;
+    let deadline = Instant::now() + timeout;
+    while acked.load(Ordering::SeqCst) < target {
+        assert!(
+            Instant::now() < deadline,
+            "{who} made no progress ({what}): {} acknowledged, wanted {target}",
+            acked.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl Writer {
     /// Starts writing through `endpoints` (plain-HTTP client URLs). The report's times count
     /// from this call.
@@ -136,16 +189,7 @@ impl Writer {
 
     /// Waits until `n` more writes than now are acknowledged.
     pub async fn wait_progress(&self, n: u64, timeout: Duration, what: &str) {
-        let target = self.acked() + n;
-        let deadline = Instant::now() + timeout;
-        while self.acked() < target {
-            assert!(
-                Instant::now() < deadline,
-                "the writer made no progress ({what}): {} acknowledged, wanted {target}",
-                self.acked()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_acked(&self.acked, n, timeout, "the writer", what).await;
     }
 
     /// Stops writing; what the writer saw.
@@ -177,16 +221,7 @@ async fn write_loop(
         );
     }
     let mut last_ack = started;
-    let mut report = WriterReport {
-        acked: 0,
-        failures: 0,
-        max_gap: Duration::ZERO,
-        max_gap_at: Duration::ZERO,
-        refusals: Vec::new(),
-        last_error: String::new(),
-        revisions: Vec::new(),
-        acked_at: Vec::new(),
-    };
+    let mut report = WriterReport::new();
     let mut failed_at: Vec<Option<Instant>> = vec![None; clients.len()];
     let mut turn = 0usize;
     let mut i = 0u64;
@@ -218,16 +253,7 @@ async fn write_loop(
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(revision);
-                let now = Instant::now();
-                report.acked_at.push(now - started);
-                if now - last_ack > REFUSAL {
-                    report.refusals.push((last_ack - started, now - started));
-                }
-                if now - last_ack > report.max_gap {
-                    report.max_gap = now - last_ack;
-                    report.max_gap_at = now - started;
-                }
-                last_ack = now;
+                report.acknowledged(started, &mut last_ack);
                 i += 1;
                 acked.store(i, Ordering::SeqCst);
                 failed_at[pick] = None;
