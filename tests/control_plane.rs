@@ -709,6 +709,35 @@ async fn every_volume_lost_the_api_server_serves_the_newest_backup_and_its_watch
     set.shutdown().await;
 }
 
+/// `restore <how> --yes` through pod 1 (the pods its act stops started again, as kubelet
+/// would), a watch opened from `served` and a poller going meanwhile, then judged as `act`:
+/// the API server serves `expected` and its watchers are told (the watch ends, a re-watch
+/// from `served` gets 410 Gone).
+async fn restore_judged(
+    set: &mut Set,
+    plane: &Plane,
+    act: &'static str,
+    how: &str,
+    expected: &BTreeSet<String>,
+    served: u64,
+) {
+    let watch = watch_from(plane, served);
+    let poller = Poller::start(plane);
+    let started = Instant::now();
+    let cmd = set.steward_in(1, &["restore", how, "--yes", "--timeout=110s"]);
+    let out = set.run_restarting(cmd).await;
+    assert!(
+        out.status.success(),
+        "restore {how} --yes: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        set.dump()
+    );
+    let serving = all_ready_voters(set).await;
+    let mut report = judged(act, plane, poller, started, serving, expected).await;
+    watchers_told(plane, watch, serving, served, &mut report).await;
+    report.print();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_to_revision_the_api_server_serves_that_moment_and_its_watchers_relist() {
     let store = tempfile::tempdir().unwrap();
@@ -722,37 +751,22 @@ async fn restore_to_revision_the_api_server_serves_that_moment_and_its_watchers_
     )
     .await;
     let plane = Plane::on(&set).await;
-    let (mut expected, moment) = plane.create_all("early", 12).await;
+    let (expected, moment) = plane.create_all("early", 12).await;
     // Later, someone deletes two and writes more.
     plane.delete("early-000").await;
     plane.delete("early-001").await;
     let (_, served) = plane.create_all("late", 6).await;
     let to = format!("--to-revision={moment}");
     planned_once_archived(&set, &to).await;
-    let watch = watch_from(&plane, served);
-    let poller = Poller::start(&plane);
-    let started = Instant::now();
-    let cmd = set.steward_in(1, &["restore", &to, "--yes", "--timeout=110s"]);
-    let out = set.run_restarting(cmd).await;
-    assert!(
-        out.status.success(),
-        "restore {to} --yes: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        set.dump()
-    );
-    let serving = all_ready_voters(&mut set).await;
-    expected.retain(|n| n.starts_with("early-"));
-    let mut report = judged(
-        "restore-to-revision",
+    restore_judged(
+        &mut set,
         &plane,
-        poller,
-        started,
-        serving,
+        "restore-to-revision",
+        &to,
         &expected,
+        served,
     )
     .await;
-    watchers_told(&plane, watch, serving, served, &mut report).await;
-    report.print();
     set.shutdown().await;
 }
 
@@ -917,32 +931,16 @@ async fn restore_snapshot_on_a_live_cluster_the_api_server_serves_it_and_its_wat
     let name = manifest["name"].as_str().unwrap().to_string();
     plane.delete("snap-000").await;
     let (_, served) = plane.create_all("after-snapshot", 5).await;
-    let watch = watch_from(&plane, served);
-    let poller = Poller::start(&plane);
-    let started = Instant::now();
-    let cmd = set.steward_in(
-        1,
-        &["restore", "--snapshot", &name, "--yes", "--timeout=110s"],
-    );
-    let out = set.run_restarting(cmd).await;
-    assert!(
-        out.status.success(),
-        "restore --snapshot {name} --yes: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        set.dump()
-    );
-    let serving = all_ready_voters(&mut set).await;
-    let mut report = judged(
-        "restore-snapshot",
+    let how = format!("--snapshot={name}");
+    restore_judged(
+        &mut set,
         &plane,
-        poller,
-        started,
-        serving,
+        "restore-snapshot",
+        &how,
         &expected,
+        served,
     )
     .await;
-    watchers_told(&plane, watch, serving, served, &mut report).await;
-    report.print();
     set.shutdown().await;
 }
 
@@ -980,29 +978,7 @@ async fn restore_to_time_the_api_server_serves_that_moment_and_its_watchers_reli
     // The archive reaches past the moment, the later changes in it.
     planned_once_archived(&set, &format!("--to-time={}", rfc3339(SystemTime::now()))).await;
     let to = format!("--to-time={}", rfc3339(moment));
-    let watch = watch_from(&plane, served);
-    let poller = Poller::start(&plane);
-    let started = Instant::now();
-    let cmd = set.steward_in(1, &["restore", &to, "--yes", "--timeout=110s"]);
-    let out = set.run_restarting(cmd).await;
-    assert!(
-        out.status.success(),
-        "restore {to} --yes: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        set.dump()
-    );
-    let serving = all_ready_voters(&mut set).await;
-    let mut report = judged(
-        "restore-to-time",
-        &plane,
-        poller,
-        started,
-        serving,
-        &expected,
-    )
-    .await;
-    watchers_told(&plane, watch, serving, served, &mut report).await;
-    report.print();
+    restore_judged(&mut set, &plane, "restore-to-time", &to, &expected, served).await;
     set.shutdown().await;
 }
 
@@ -1017,29 +993,7 @@ const NO_INITIAL_CHECK: &str = "--experimental-initial-corrupt-check=false";
 /// Replaces every [`FROM`] in the member's database file by [`TO`] (its etcd stopped); how
 /// many were replaced.
 fn change_db(data_dir: &Path) -> usize {
-    let path = data_dir.join("member/snap/db");
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mut n = 0;
-    let mut i = 0;
-    while i + FROM.len() <= bytes.len() {
-        if &bytes[i..i + FROM.len()] == FROM {
-            bytes[i..i + FROM.len()].copy_from_slice(TO);
-            n += 1;
-            i += FROM.len();
-        } else {
-            i += 1;
-        }
-    }
-    std::fs::write(&path, bytes).unwrap();
-    n
-}
-
-/// Starts pod `o` (name published, sidecar, init) with etcd's initial check off: etcd
-/// serves the changed data, for the sidecars' check to find.
-fn start_without_initial_check(set: &mut Set, o: u32) {
-    set.set_dns(o, true).unwrap();
-    set.start_sidecar(o).unwrap();
-    set.start_init_with(o, &[NO_INITIAL_CHECK]).unwrap();
+    harness::loopback::replace_in_db(data_dir, FROM, TO).unwrap()
 }
 
 /// Whether every member's `HashKV` at the lowest current revision among them agrees.
@@ -1075,7 +1029,7 @@ async fn a_diverged_member_rebuilt_the_api_server_serves_throughout_and_never_th
     let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
     set.extra_args = vec!["--corruption-check-interval=1s".into()];
     for o in 0..3 {
-        start_without_initial_check(&mut set, o);
+        set.start_with_etcd_args(o, &[NO_INITIAL_CHECK]).unwrap();
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
     let plane = Plane::on(&set).await;
@@ -1096,7 +1050,8 @@ async fn a_diverged_member_rebuilt_the_api_server_serves_throughout_and_never_th
         change_db(set.data_dir(changed)) >= 1,
         "the victim's annotation is in the database file"
     );
-    start_without_initial_check(&mut set, changed);
+    set.start_with_etcd_args(changed, &[NO_INITIAL_CHECK])
+        .unwrap();
     // Rebuilt: a new member serves there as a ready voter, every member's hash agrees.
     let deadline = Instant::now() + ACT;
     let serving = loop {

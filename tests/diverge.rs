@@ -41,13 +41,6 @@ const NO_INITIAL_CHECK: &str = "--experimental-initial-corrupt-check=false";
 /// A rebuild: a stop, a restart of `init`, a replacement, a learner's catch-up.
 const REBUILT: Duration = Duration::from_secs(120);
 
-/// Starts pod `o` (name published, sidecar, init) with etcd's initial check off.
-fn start_without_initial_check(set: &mut Set, o: u32) {
-    set.set_dns(o, true).unwrap();
-    set.start_sidecar(o).unwrap();
-    set.start_init_with(o, &[NO_INITIAL_CHECK]).unwrap();
-}
-
 /// Replaces every `FROM` in the member's database file by `TO`; how many were replaced.
 fn change_db(data_dir: &Path) -> usize {
     change_db_to(data_dir, TO)
@@ -55,21 +48,7 @@ fn change_db(data_dir: &Path) -> usize {
 
 /// Replaces every `FROM` in the member's database file by `to` (as long).
 fn change_db_to(data_dir: &Path, to: &[u8]) -> usize {
-    let path = data_dir.join("member/snap/db");
-    let mut bytes = std::fs::read(&path).unwrap();
-    let mut n = 0;
-    let mut i = 0;
-    while i + FROM.len() <= bytes.len() {
-        if &bytes[i..i + FROM.len()] == FROM {
-            bytes[i..i + FROM.len()].copy_from_slice(to);
-            n += 1;
-            i += FROM.len();
-        } else {
-            i += 1;
-        }
-    }
-    std::fs::write(&path, bytes).unwrap();
-    n
+    harness::loopback::replace_in_db(data_dir, FROM, to).unwrap()
 }
 
 async fn metrics(set: &Set, o: u32) -> String {
@@ -109,7 +88,7 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
     // member's sidecar, so nothing is rebuilt and the verdict stands.
     set.control_token = None;
     for o in 0..3 {
-        start_without_initial_check(&mut set, o);
+        set.start_with_etcd_args(o, &[NO_INITIAL_CHECK]).unwrap();
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
     let mut c = set.any_client().await.unwrap();
@@ -130,7 +109,8 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
         change_db(set.data_dir(changed)) >= 1,
         "the value is in the database file"
     );
-    start_without_initial_check(&mut set, changed);
+    set.start_with_etcd_args(changed, &[NO_INITIAL_CHECK])
+        .unwrap();
     wait_for_or(
         FOUND,
         "the changed member serves its changed value",
@@ -184,7 +164,8 @@ async fn a_changed_follower_is_found_diverged_only_with_a_majoritys_proof(etcd: 
     );
 
     // Every voter answers: two of three agree, the changed one is diverged.
-    start_without_initial_check(&mut set, silent);
+    set.start_with_etcd_args(silent, &[NO_INITIAL_CHECK])
+        .unwrap();
     wait_for_or(
         FOUND,
         "the changed member out of readiness, saying why",
@@ -543,7 +524,7 @@ async fn three_different_hashes_rebuild_nothing_and_say_why(etcd: Etcd) {
     let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
     set.extra_args = vec!["--corruption-check-interval=1s".into()];
     for o in 0..3 {
-        start_without_initial_check(&mut set, o);
+        set.start_with_etcd_args(o, &[NO_INITIAL_CHECK]).unwrap();
     }
     set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
     let mut c = set.any_client().await.unwrap();
@@ -561,7 +542,7 @@ async fn three_different_hashes_rebuild_nothing_and_say_why(etcd: Etcd) {
         assert!(change_db_to(set.data_dir(*o), to) >= 1);
     }
     for o in &followers {
-        start_without_initial_check(&mut set, *o);
+        set.start_with_etcd_args(*o, &[NO_INITIAL_CHECK]).unwrap();
     }
     wait_for_or(
         FOUND,

@@ -386,6 +386,31 @@ fn host(o: u32) -> String {
     format!("{SERVICE}-{o}.{SERVICE}.default.svc.{DOMAIN}")
 }
 
+/// Replaces every `from` in the database file of `data_dir` (its etcd stopped) by `to`, as
+/// long; how many were replaced. bbolt keeps no page checksums: etcd serves the changed bytes.
+pub fn replace_in_db(data_dir: &Path, from: &[u8], to: &[u8]) -> std::io::Result<usize> {
+    assert_eq!(
+        from.len(),
+        to.len(),
+        "a replacement as long as what it replaces"
+    );
+    let path = data_dir.join("member/snap/db");
+    let mut bytes = std::fs::read(&path)?;
+    let mut n = 0;
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            n += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    std::fs::write(&path, bytes)?;
+    Ok(n)
+}
+
 /// Whether an etcd data directory holds a WAL file.
 pub fn has_wal(dir: &Path) -> bool {
     std::fs::read_dir(dir.join("member/wal"))

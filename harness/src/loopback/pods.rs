@@ -102,6 +102,13 @@ impl Set {
         Ok(())
     }
 
+    /// As [`Self::start`] (an agent's pod), passing `extra_etcd_args` to its etcd.
+    pub fn start_with_etcd_args(&mut self, o: u32, extra_etcd_args: &[&str]) -> Result<()> {
+        self.set_dns(o, true)?;
+        self.start_sidecar(o)?;
+        self.start_init_with(o, extra_etcd_args)
+    }
+
     /// Starts pod `o`'s init (→ etcd) in the pod's mount namespace.
     pub fn start_init(&mut self, o: u32) -> Result<()> {
         self.start_init_with(o, &[])
