@@ -23,6 +23,9 @@ constraint:
   9. alerts: every description ends with its runbook, docs/operations/alerts.md#<alert>, and
      that document's Alerts table has a row for every alert carrying that anchor; they select
      the job the chart's ServiceMonitor and PodMonitor give (or metrics.alertSelector)
+ 10. the etcd container's startup and liveness probes ask etcd itself on its metrics port
+     (/livez where the release has it, else a TCP connection), for each etcd release's tag;
+     the sidecar's probes ask the sidecar; a digest without etcd.version fails the render
 
 Usage: chart-checks.py OUT CHART HELM KUBECTL BIN (validate-chart.sh passes them).
 """
@@ -142,8 +145,10 @@ def pod_selectors(docs):
 
 
 # ---- 1. two releases side by side ---------------------------------------------------------
-monitoring = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true"]
-releases = {r: template(r, *monitoring) for r in ("etcd", "etcd-b")}
+# With the ServiceMonitor, and the PodMonitor from a second rendering (the chart refuses both).
+releases = {r: template(r, "--set", "metrics.serviceMonitor.enabled=true")
+            + [d for d in template(r, "--set", "metrics.podMonitor.enabled=true") if d["kind"] == "PodMonitor"]
+            for r in ("etcd", "etcd-b")}
 bitnami = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd", "app.kubernetes.io/component": "etcd"}
 pods = {}
 for r, docs in releases.items():
@@ -275,9 +280,10 @@ def check_netpol(docs, where):
     client_from = by_port.get(serving["client"], [])
     if own not in client_from or len(client_from) != 2:
         problem(f"netpol {where}: the client port is admitted from {client_from}: want this release's pods and the clients")
-    probes = {c[k]["httpGet"]["port"] for c in pod["containers"] for k in ("livenessProbe", "readinessProbe", "startupProbe") if k in c}
-    if {declared.get(p, p) for p in probes} != {serving["http"]}:
-        problem(f"netpol {where}: the probes ask ports {probes}, not the sidecar's http port")
+    probes = {(c[k].get("httpGet") or c[k].get("tcpSocket"))["port"] for c in pod["containers"]
+              for k in ("livenessProbe", "readinessProbe", "startupProbe") if k in c}
+    if {declared.get(p, p) for p in probes} != {serving["http"], serving["metrics"]}:
+        problem(f"netpol {where}: the probes ask ports {probes}, not the sidecar's http port and etcd's metrics port")
 
 
 check_netpol(template("etcd"), "defaults")
@@ -359,12 +365,16 @@ def sizing(docs, where):
     scratch_dir = env_of(cs["sidecar"])["ETCD_STEWARD_BACKUP_SCRATCH_DIR"]["value"]
     mount = [m["name"] for m in cs["sidecar"]["volumeMounts"] if m["mountPath"] == scratch_dir]
     vol = {v["name"]: v for v in pod["volumes"]}[mount[0]]["emptyDir"]
-    return quota, quantity(vol["sizeLimit"]), quantity(cs["sidecar"]["resources"]["limits"]["memory"])
+    r = cs["sidecar"]["resources"]
+    return (quota, quantity(vol["sizeLimit"]), quantity(r["limits"]["memory"]), quantity(r["requests"]["memory"]),
+            quantity(r["requests"].get("ephemeral-storage", "0")))
 
 
 def want_sizing(quota):
+    """Scratch, memory limit, memory request, ephemeral-storage request: the drill's needs."""
     mib = -(-quota // (1 << 20))
-    return mib * 5 // 2 << 20, (mib + 512) << 20
+    scratch, memory = mib * 5 // 2 << 20, (mib + 512) << 20
+    return scratch, memory, memory, scratch
 
 
 for where, docs in [("chart s3", template("etcd", "--set", "backups.enabled=true", "--set", "backups.url=s3://b/p")),
@@ -375,12 +385,19 @@ for where, docs in [("chart s3", template("etcd", "--set", "backups.enabled=true
                     ("manifests/overlays/backup-encrypted", kustomize("manifests/overlays/backup-encrypted"))]:
     got = sizing(docs, where)
     if got and got[1:] != want_sizing(got[0]):
-        problem(f"backups {where}: quota {got[0]}: scratch {got[1]} and sidecar memory limit {got[2]} bytes, want 2.5 x quota and quota + 512Mi = {want_sizing(got[0])}")
+        problem(f"backups {where}: quota {got[0]}: scratch, sidecar memory limit and request, ephemeral-storage request {got[1:]} bytes, want 2.5 x quota, quota + 512Mi twice, 2.5 x quota = {want_sizing(got[0])}")
 docs = template("etcd", "--set", "backups.enabled=true", "--set", "backups.url=s3://b/p",
                 "--set", "backups.scratch.sizeLimit=30Gi", "--set", "backups.sidecarMemoryLimit=6Gi")
 got = sizing(docs, "explicit sizes")
-if got and got[1:] != (30 << 30, 6 << 30):
+if got and got[1:] != (30 << 30, 6 << 30, 6 << 30, 30 << 30):
     problem(f"backups: backups.scratch.sizeLimit and sidecarMemoryLimit are not used as given: {got}")
+# A user's sidecar resources are kept, never replaced (above the drill's need).
+docs = template("etcd", "--set", "backups.enabled=true", "--set", "backups.url=s3://b/p",
+                "--set", "sidecar.resources.requests.memory=3Gi", "--set", "sidecar.resources.limits.memory=4Gi",
+                "--set", "sidecar.resources.requests.ephemeral-storage=8Gi")
+got = sizing(docs, "a user's resources")
+if got and got[2:] != (4 << 30, 3 << 30, 8 << 30):
+    problem(f"backups: the sidecar's resources as given were not kept: {got}")
 for s, ann, url in [("backups-workload-identity", "eks.amazonaws.com/role-arn", "s3://"), ("backups-gcs", "iam.gke.io/gcp-service-account", "gs://")]:
     docs = template("etcd", "-f", f"{chart}/ci/{s}-values.yaml")
     sts, pod, cs = sts_parts(docs, s)
@@ -440,7 +457,7 @@ if sts:
         if not any(m["name"] == "ca-bundle" for m in c["volumeMounts"]):
             problem(f"platform: container {name} lacks extraVolumeMounts")
         if c.get("startupProbe", {}).get("failureThreshold") != 60 or c["livenessProbe"].get("periodSeconds") != 20 \
-                or c["livenessProbe"].get("initialDelaySeconds") != 15:
+                or c["livenessProbe"].get("failureThreshold") != 6:
             problem(f"platform: container {name}'s probes do not follow probes.*")
 docs = template("etcd")
 sts, pod, cs = sts_parts(docs, "defaults")
@@ -451,8 +468,53 @@ if sts:
     spread = pod.get("topologySpreadConstraints", [])
     if [(t["topologyKey"], t["whenUnsatisfiable"]) for t in spread] != [("topology.kubernetes.io/zone", "ScheduleAnyway")]:
         problem("defaults: no zone spread that still schedules in a single zone (ScheduleAnyway)")
-    if any("startupProbe" in c for c in cs.values()):
-        problem("defaults: a startup probe without probes.startup.enabled")
+
+# ---- 10. the etcd container lives by etcd: its startup and liveness probes ask etcd ------------
+# On etcd's metrics port, never the sidecar's: /livez where the release has it (3.5.11+, 3.4.29+,
+# 3.6+; it needs no quorum), else a TCP connection (older /health fails without a leader).
+# harness::kubelet::EtcdProbe runs the same probe against real etcd (tests/cluster.rs).
+def etcd_probes(where, *args):
+    docs = template("etcd", *args)
+    sts, pod, cs = sts_parts(docs, where)
+    if not sts:
+        return None
+    etcd, sidecar = cs["etcd"], cs["sidecar"]
+    ports = {p["name"]: p["containerPort"] for p in etcd["ports"]}
+    kinds = set()
+    for probe in ("startupProbe", "livenessProbe"):
+        got = etcd.get(probe)
+        if got is None:
+            problem(f"{where}: the etcd container has no {probe}")
+            continue
+        action = got.get("httpGet") or got.get("tcpSocket") or {}
+        if action.get("port") != "metrics" or "metrics" not in ports:
+            problem(f"{where}: the etcd container's {probe} asks port {action.get('port')!r}, not etcd's metrics port")
+        kinds.add("livez" if got.get("httpGet", {}).get("path") == "/livez" else "tcp" if "tcpSocket" in got else repr(action))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if sidecar.get(probe, {}).get("httpGet", {}).get("port") != "http":
+            problem(f"{where}: the sidecar's {probe} does not ask the sidecar")
+    if etcd.get("startupProbe", {}).get("failureThreshold", 0) * etcd.get("startupProbe", {}).get("periodSeconds", 10) < 1800:
+        problem(f"{where}: the etcd container's startup window is under 30 minutes: init's waits would be cut short")
+    return kinds
+
+
+for where, args, want in [
+        ("defaults (the image's etcd 3.5.30)", [], {"livez"}),
+        ("etcd 3.5.25", ["--set", "etcd.image=gcr.io/etcd-development/etcd:v3.5.25"], {"livez"}),
+        ("etcd 3.5.1", ["--set", "etcd.image=gcr.io/etcd-development/etcd:v3.5.1"], {"tcp"}),
+        ("etcd 3.5.10", ["--set", "etcd.image=registry:5000/etcd:3.5.10"], {"tcp"}),
+        ("etcd 3.4.23", ["--set", "etcd.image=gcr.io/etcd-development/etcd:v3.4.23"], {"tcp"}),
+        ("etcd 3.4.29", ["--set", "etcd.image=gcr.io/etcd-development/etcd:v3.4.29"], {"livez"}),
+        ("etcd 3.6.5", ["--set", "etcd.image=gcr.io/etcd-development/etcd:v3.6.5"], {"livez"}),
+        ("a digest and etcd.version", ["--set", "etcd.image=registry/etcd@sha256:" + "a" * 64, "--set", "etcd.version=3.5.1"], {"tcp"}),
+        ("a tag and its digest", ["--set", "etcd.image=registry:5000/etcd:v3.6.5@sha256:" + "a" * 64], {"livez"})]:
+    got = etcd_probes(where, *args)
+    if got is not None and got != want:
+        problem(f"{where}: the etcd container's probes are {sorted(got)}, want {sorted(want)}")
+r = subprocess.run([helm, "template", "etcd", chart, "--set", "etcd.image=registry/etcd@sha256:" + "a" * 64],
+                   capture_output=True, text=True)
+if r.returncode == 0 or "etcd.version" not in r.stderr:
+    problem(f"a digest without etcd.version must fail the render naming etcd.version: {r.stderr.strip()!r}")
 
 # ---- 7. NOTES.txt and the docs reach etcd where it listens --------------------------------------
 def notes(*args):
@@ -492,10 +554,15 @@ for where, args in [("defaults", []), ("tls", ["--set", "tls.enabled=true"]),
                       "key": e["ETCD_STEWARD_CLIENT_KEY_FILE"]["value"]} if tls else {}
         if flags != want_flags:
             problem(f"NOTES {where}: TLS flags {flags}, want {want_flags}")
+    # The runbooks run `kubectl exec ... -c etcd -- etcd-steward ...`: the name must resolve on
+    # the etcd container's PATH in every shape (the copy-in shape puts /steward first).
     steward = cs["etcd"]["command"][0]
+    path = e.get("PATH", {}).get("value", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    if os.path.dirname(steward) not in path.split(":"):
+        problem(f"NOTES {where}: the etcd container runs {steward}, whose directory is not on its PATH ({path}): `kubectl exec ... -c etcd -- etcd-steward` would fail")
     for l in (l for l in text.splitlines() if "etcd-steward status" in l):
-        if l.split(" -- ", 1)[1].split()[0] not in (steward, os.path.basename(steward)):
-            problem(f"NOTES {where}: {l.strip()!r} does not run the etcd container's etcd-steward ({steward})")
+        if l.split(" -- ", 1)[1].split()[0] != "etcd-steward":
+            problem(f"NOTES {where}: {l.strip()!r} does not run etcd-steward by its name (on PATH in both shapes)")
 doc_files = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
 execs = 0
 for f in doc_files:

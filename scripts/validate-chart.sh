@@ -122,6 +122,19 @@ done <<'EOF'
 --set backups.encryption.secretKey=a/b|backups/encryption/secretKey
 --set backups.enabled=true --set backups.url=s3://b/p --set backups.credentialsSecret=s --set backups.encryption.decryptionKeys[0].secret=k|missing property 'key'
 --set backups.enabled=true --set backups.url=s3://b/p --set backups.credentialsSecret=s --set backups.encryption.existingSecret=k --set backups.encryption.decryptionKeys[0].secret=k --set backups.encryption.decryptionKeys[0].key=backup.key|is named twice
+--set etcd.resources.limits.memory=2Gi|etcd.resources.limits.memory 2Gi is not above etcd.quotaBackendBytes
+--set etcd.resources.requests.memory=8Gi|etcd.resources.requests.memory 8Gi is above etcd.resources.limits.memory
+--set etcd.quotaBackendBytes=100|etcd/quotaBackendBytes
+--set storage.size=10|storage/size
+--set storage.size=1Gi|storage.size 1Gi is not above etcd.quotaBackendBytes
+--set backups.restore=yesterday|backups/restore
+--set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true|choose one
+--set sidecar.resources.requests.memory=512Mi|sidecar.resources.requests.memory 512Mi is above sidecar.resources.limits.memory 256Mi
+--set backups.enabled=true --set backups.url=s3://b/p --set sidecar.resources.limits.memory=1Gi|sidecar.resources.limits.memory 1Gi is below what the backup drill needs
+--set backups.enabled=true --set backups.url=s3://b/p --set sidecar.resources.requests.memory=3Gi|sidecar.resources.requests.memory 3Gi is above sidecar.resources.limits.memory 2560Mi
+--set backups.enabled=true --set backups.url=s3://b/p --set sidecar.resources.requests.ephemeral-storage=1Gi|below the drill's scratch volume
+--set etcd.image=registry/etcd@sha256:0123|set etcd.version
+--set etcd.version=latest|etcd/version
 EOF
 
 # ---- schemas --------------------------------------------------------------------------------

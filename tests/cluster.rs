@@ -384,6 +384,81 @@ async fn health_during_quorum_loss(etcd: Etcd) {
     set.shutdown().await;
 }
 
+/// etcd lives by etcd: with every pod's sidecar killed and kept down, the etcd container's
+/// startup and liveness probe (the chart's for this release, run as kubelet runs it) passes on
+/// every pod, round after round, and the cluster serves writes; with quorum lost as well it
+/// still passes on the survivor. The sidecar's `/healthz`, which that probe asked before, goes
+/// unanswered all along: kubelet would have restarted every etcd after its failure threshold.
+async fn etcd_lives_by_its_own_probe_with_every_sidecar_down(etcd: Etcd) {
+    use harness::kubelet::{metrics_flag, EtcdProbe};
+    let mut set = Set::new(STEWARD, etcd, 3).await.unwrap();
+    for o in 0..3 {
+        let metrics = metrics_flag(set.pod(o).ip);
+        set.start_with_etcd_args(o, &[&metrics]).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let probe = EtcdProbe::of(etcd);
+    let probed = |set: &Set, pods: &[u32], why: &str| {
+        let pods = pods.to_vec();
+        let ips: Vec<_> = pods.iter().map(|o| set.pod(*o).ip).collect();
+        let why = why.to_string();
+        async move {
+            for (o, ip) in pods.iter().zip(ips) {
+                if let Err(e) = probe.run(ip, Duration::from_secs(5)).await {
+                    panic!("pod {o}: the etcd container's {probe:?} probe failed {why}: {e}");
+                }
+            }
+        }
+    };
+    for o in 0..3 {
+        set.kill_sidecar(o).await;
+    }
+    // kubelet probes every 10 s and restarts after 18 failures; here every 500 ms for 15 s,
+    // and a single failure fails the test.
+    let mut client = set.client(0).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    let mut round: i64 = 0;
+    while std::time::Instant::now() < until {
+        probed(&set, &[0, 1, 2], "with every sidecar down").await;
+        for o in 0..3 {
+            assert_eq!(
+                set.http(o, "/healthz").await,
+                None,
+                "pod {o}'s sidecar answers: it was killed"
+            );
+        }
+        client
+            .put(format!("probe/{round}"), "v", None)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: a write with every sidecar down: {e}"));
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(set.count_keys_on(1, "probe/").await.unwrap(), round);
+    // Quorum lost too: the survivor's probe still passes (a restart would not bring the
+    // leader back, and a restart loop would make it worse).
+    set.kill_etcd(1).await;
+    set.kill_etcd(2).await;
+    wait_for_or(
+        Duration::from_secs(30),
+        "pod 0 to see no leader",
+        || async {
+            let Ok(mut c) = set.client(0).await else {
+                return false;
+            };
+            let o = etcd_client::GetOptions::new().with_serializable();
+            c.get("probe/0", Some(o)).await.is_ok() && c.get("probe/0", None).await.is_err()
+        },
+        || set.dump(),
+    )
+    .await;
+    for _ in 0..10 {
+        probed(&set, &[0], "without quorum").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    set.shutdown().await;
+}
+
 /// A writer records every write etcd acknowledged while pods are killed and wiped; at the
 /// end every acknowledged write is readable.
 async fn acknowledged_writes_survive_kills_and_wipes(etcd: Etcd) {
@@ -745,4 +820,11 @@ harness::per_etcd_version!(
     crashed_attempts_learner_entry_is_resumed,
     dead_learner_does_not_block_the_next_join,
     health_during_quorum_loss,
+);
+
+// The etcd container's probe on a release with /livez (3.5.30) and on two without (3.5.1,
+// 3.4.23: a TCP connection).
+harness::per_etcd_version!(
+    [V3_5, V3_4, V3_5Current] by scenario:
+    etcd_probe => etcd_lives_by_its_own_probe_with_every_sidecar_down,
 );

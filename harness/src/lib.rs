@@ -12,6 +12,7 @@
 //!   checker of what they left ([`wal_kept`]: the WAL files it requires kept); [`disaster`]: generator 3's disasters (every volume lost, a
 //!   majority lost for good) and their checker; [`fake_kube`]: a fake Kubernetes API (a StatefulSet and its
 //!   pods) for scale-in; [`moto`]: an S3-compatible server for the backup tests;
+//!   [`kubelet`]: the etcd container's probe as the chart renders it, run as kubelet runs it;
 //!   [`per_etcd_version!`]: a test file's scenarios as one test per etcd release.
 //!
 //! The `etcd-steward` binary is always passed in ([`loopback::Setup::steward`]): only the main
@@ -29,6 +30,7 @@ pub mod etcd;
 pub mod fake_kube;
 pub mod kube_apiserver;
 pub mod kube_writer;
+pub mod kubelet;
 pub mod logs;
 pub mod loopback;
 pub mod moto;

@@ -60,14 +60,91 @@ backups.scratch.sizeLimit and backups.sidecarMemoryLimit, when set, win.
 {{- dict "scratch" $scratch "memory" $memory | toJson -}}
 {{- end -}}
 
-{{/* The sidecar's resources: sidecar.resources, its memory limit sized for backups when on. */}}
-{{- define "etcd-steward.sidecarResources" -}}
-{{- $r := deepCopy .Values.sidecar.resources -}}
-{{- if .Values.backups.enabled -}}
-{{- $limits := default dict $r.limits -}}
-{{- $_ := set $limits "memory" (include "etcd-steward.backupSizing" . | fromJson).memory -}}
-{{- $_ := set $r "limits" $limits -}}
+{{/*
+A Kubernetes quantity ("2560Mi", "3Gi", "1.5G", "500m", "4") in its base unit, as a float (bytes,
+or cores). Fails naming the value when it is not a quantity.
+*/}}
+{{- define "etcd-steward.quantity" -}}
+{{- $q := toString .q -}}
+{{- if not (regexMatch "^[0-9]+([.][0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$" $q) -}}
+{{- fail (printf "%s: %q is not a Kubernetes quantity" .what $q) -}}
 {{- end -}}
+{{- $n := float64 (regexFind "^[0-9]+([.][0-9]+)?" $q) -}}
+{{- $unit := regexReplaceAll "^[0-9]+([.][0-9]+)?" $q "" -}}
+{{- $f := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf $n (get $f $unit) -}}
+{{- end -}}
+
+{{/*
+The sidecar's resources: sidecar.resources as given, never replaced. What it leaves out is sized
+here: memory 64Mi/256Mi without backups; with backups, the memory request and limit are what the
+drill needs (backups.sidecarMemoryLimit, else etcd.quotaBackendBytes + 512Mi: it runs a
+throw-away etcd on the restored database), and the ephemeral-storage request is the scratch
+volume's size, so that neither the scheduler nor the kubelet under node pressure counts the
+drill as the pod's excess. A given value below that need, or a request above its limit, fails
+the render naming both.
+*/}}
+{{- define "etcd-steward.sidecarResources" -}}
+{{- $r := deepCopy (default dict .Values.sidecar.resources) -}}
+{{- $req := default dict $r.requests -}}
+{{- $lim := default dict $r.limits -}}
+{{- if .Values.backups.enabled -}}
+{{- $sizing := include "etcd-steward.backupSizing" . | fromJson -}}
+{{- $need := dict "memory" $sizing.memory "ephemeral-storage" $sizing.scratch -}}
+{{- range $k := list "memory" "ephemeral-storage" -}}
+{{- if not (hasKey $req $k) }}{{ $_ := set $req $k (get $need $k) }}{{ end -}}
+{{- end -}}
+{{- if not (hasKey $lim "memory") }}{{ $_ := set $lim "memory" $sizing.memory }}{{ end -}}
+{{- $needMem := include "etcd-steward.quantity" (dict "q" $sizing.memory "what" "backups.sidecarMemoryLimit") | float64 -}}
+{{- $needDisk := include "etcd-steward.quantity" (dict "q" $sizing.scratch "what" "backups.scratch.sizeLimit") | float64 -}}
+{{- range $where, $m := dict "requests" $req "limits" $lim -}}
+{{- if hasKey $m "memory" -}}
+{{- if lt (include "etcd-steward.quantity" (dict "q" (get $m "memory") "what" (printf "sidecar.resources.%s.memory" $where)) | float64) $needMem -}}
+{{- fail (printf "sidecar.resources.%s.memory %v is below what the backup drill needs, %s (backups.sidecarMemoryLimit, else etcd.quotaBackendBytes + 512Mi): the drill would be OOM-killed, or the pod evicted under node pressure while the leader drills; raise it, or leave it out to have the chart size it" $where (get $m "memory") $sizing.memory) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if lt (include "etcd-steward.quantity" (dict "q" (get $req "ephemeral-storage") "what" "sidecar.resources.requests.ephemeral-storage") | float64) $needDisk -}}
+{{- fail (printf "sidecar.resources.requests.ephemeral-storage %v is below the drill's scratch volume, %s (backups.scratch.sizeLimit, else 2.5 x etcd.quotaBackendBytes): under node pressure the kubelet would evict the leader mid-drill; raise it, or leave it out" (get $req "ephemeral-storage") $sizing.scratch) -}}
+{{- end -}}
+{{- else -}}
+{{- if not (hasKey $req "memory") }}{{ $_ := set $req "memory" "64Mi" }}{{ end -}}
+{{- if not (hasKey $lim "memory") }}{{ $_ := set $lim "memory" "256Mi" }}{{ end -}}
+{{- end -}}
+{{- include "etcd-steward.requestsWithinLimits" (dict "what" "sidecar.resources" "requests" $req "limits" $lim) -}}
+{{- $_ := set $r "requests" $req -}}
+{{- $_ := set $r "limits" $lim -}}
+{{- toYaml $r -}}
+{{- end -}}
+
+{{/* Fails when a request is above its limit (Kubernetes would refuse every pod after the install succeeded). */}}
+{{- define "etcd-steward.requestsWithinLimits" -}}
+{{- $what := .what -}}
+{{- $lim := default dict .limits -}}
+{{- range $k, $v := default dict .requests -}}
+{{- if hasKey $lim $k -}}
+{{- $rq := include "etcd-steward.quantity" (dict "q" $v "what" (printf "%s.requests.%s" $what $k)) | float64 -}}
+{{- $lq := include "etcd-steward.quantity" (dict "q" (get $lim $k) "what" (printf "%s.limits.%s" $what $k)) | float64 -}}
+{{- if gt $rq $lq -}}
+{{- fail (printf "%s.requests.%s %v is above %s.limits.%s %v: Kubernetes refuses such a pod" $what $k $v $what $k (get $lim $k)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The etcd container's resources, checked: requests within limits, and a memory limit above
+etcd.quotaBackendBytes (etcd maps the whole database into memory: a limit below the quota
+OOM-kills etcd as the database grows toward it).
+*/}}
+{{- define "etcd-steward.etcdResources" -}}
+{{- $r := default dict .Values.etcd.resources -}}
+{{- include "etcd-steward.requestsWithinLimits" (dict "what" "etcd.resources" "requests" $r.requests "limits" $r.limits) -}}
+{{- with $r.limits }}{{ with .memory -}}
+{{- if le (include "etcd-steward.quantity" (dict "q" . "what" "etcd.resources.limits.memory") | float64) (float64 $.Values.etcd.quotaBackendBytes) -}}
+{{- fail (printf "etcd.resources.limits.memory %v is not above etcd.quotaBackendBytes %v: etcd maps the whole database into memory, and would be OOM-killed as it grows toward its quota; raise the limit (the default: twice the quota) or lower the quota" . (int64 $.Values.etcd.quotaBackendBytes)) -}}
+{{- end -}}
+{{- end }}{{ end -}}
 {{- toYaml $r -}}
 {{- end -}}
 
@@ -76,6 +153,48 @@ backups.scratch.sizeLimit and backups.sidecarMemoryLimit, when set, win.
 httpGet:
   path: {{ .path }}
   port: {{ .port }}
+{{- range $k, $v := .timings }}
+{{- if ne $k "enabled" }}
+{{ $k }}: {{ $v }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The etcd release the pods run (x.y.z): etcd.version, else the tag of etcd.image, else the
+etcd-steward image's own (its ETCD_VERSION build argument, 3.5.30). The etcd container's probes
+depend on it; a release that cannot be read fails the render, naming etcd.version.
+*/}}
+{{- define "etcd-steward.etcdVersion" -}}
+{{- $v := .Values.etcd.version -}}
+{{- if and (not $v) .Values.etcd.image -}}
+{{- $last := last (splitList "/" (first (splitList "@" .Values.etcd.image))) -}}
+{{- if contains ":" $last }}{{ $v = last (splitList ":" $last) }}{{ end -}}
+{{- end -}}
+{{- if and (not $v) (not .Values.etcd.image) }}{{ $v = "3.5.30" }}{{ end -}}
+{{- $v = trimPrefix "v" $v -}}
+{{- if not (regexMatch "^[0-9]+[.][0-9]+[.][0-9]+" $v) -}}
+{{- fail (printf "etcd.version: the etcd release of etcd.image %q cannot be read from its tag (%q); set etcd.version (e.g. 3.5.25): the etcd container's probes depend on it" .Values.etcd.image $v) -}}
+{{- end -}}
+{{- regexFind "^[0-9]+[.][0-9]+[.][0-9]+" $v -}}
+{{- end -}}
+
+{{/*
+A probe of the etcd container that asks etcd itself, on its metrics port, never the sidecar:
+/livez (no quorum needed: a serializable read of the local member) on etcd 3.5.11+, 3.4.29+ and
+3.6+; on older releases, whose /health fails without a leader even with serializable=true, a
+TCP connection to that port (etcd opens it once its database is open). Takes the root context
+and the probe's timings.
+*/}}
+{{- define "etcd-steward.etcdProbe" -}}
+{{- if semverCompare ">=3.5.11 || ~3.4.29" (include "etcd-steward.etcdVersion" .root) -}}
+httpGet:
+  path: /livez
+  port: metrics
+{{- else -}}
+tcpSocket:
+  port: metrics
+{{- end }}
 {{- range $k, $v := .timings }}
 {{- if ne $k "enabled" }}
 {{ $k }}: {{ $v }}
@@ -148,6 +267,12 @@ Configuration checks the schema cannot express; each fails the render with what 
 {{- else -}}
 {{- fail (printf "backups.url %q: want s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or file:///PATH" .Values.backups.url) -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled -}}
+{{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled: choose one; both would scrape every pod twice, and every alert would count each member twice" -}}
+{{- end -}}
+{{- if le (include "etcd-steward.quantity" (dict "q" .Values.storage.size "what" "storage.size") | float64) (float64 .Values.etcd.quotaBackendBytes) -}}
+{{- fail (printf "storage.size %v is not above etcd.quotaBackendBytes %v: the data volume must hold the database at its quota, the WAL and snapshots, and the copies set aside beside them" .Values.storage.size (int64 .Values.etcd.quotaBackendBytes)) -}}
 {{- end -}}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) .Values.scaleIn.enabled -}}
 {{- fail "serviceAccount.name is required with serviceAccount.create false and scaleIn.enabled: the Role is bound to it" -}}
