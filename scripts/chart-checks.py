@@ -20,7 +20,9 @@ constraint:
   7. NOTES.txt and the etcdctl commands of README.md and docs/**/*.md reach etcd where it
      listens (the pod's address, with the TLS flags when TLS is on), never 127.0.0.1
   8. RBAC: the Role grants exactly the API calls src/kube_api/ makes
-  9. alerts: every description ends with its runbook, docs/operations/alerts.md#<alert>, and
+  9. alerts: every description ends with its runbook, docs/operations/alerts.md#<alert>, its
+     runbook_url is docs/operations/triage.md#<alert> (an anchor there; metrics.runbookBaseUrl
+     before it), no aggregation or match drops namespace, and
      that document's Alerts table has a row for every alert carrying that anchor; they select
      the job the chart's ServiceMonitor and PodMonitor give (or metrics.alertSelector)
  10. the etcd container's startup and liveness probes ask etcd itself on its metrics port
@@ -597,6 +599,7 @@ for where, docs in [("chart", template("etcd")), ("manifests/base", kustomize("m
 RUNBOOK = "docs/operations/alerts.md"
 rules = [r for g in yaml.safe_load(open(f"{chart}/files/alerts.yaml"))["groups"] for r in g["rules"]]
 runbook = open(RUNBOOK).read()
+triage = open("docs/operations/triage.md").read()
 section = runbook.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0] if "\n## Alerts\n" in runbook else ""
 for r in rules:
     if not r["annotations"]["description"].endswith(f"Runbook: {RUNBOOK}#{r['alert']}"):
@@ -605,6 +608,13 @@ for r in rules:
         problem(f"alerts: {RUNBOOK}'s Alerts section has no row for {r['alert']} carrying its anchor (<a name=\"{r['alert']}\"></a>)")
     if 'job="etcd"' not in r["expr"]:
         problem(f"alerts: {r['alert']} is not scoped to the job (job=\"etcd\", which the chart replaces)")
+    if r["annotations"].get("runbook_url") != f"docs/operations/triage.md#{r['alert']}":
+        problem(f"alerts: {r['alert']}'s runbook_url is {r['annotations'].get('runbook_url')!r}, want docs/operations/triage.md#{r['alert']}")
+    if f'<a name="{r["alert"]}"></a>' not in triage:
+        problem(f"alerts: docs/operations/triage.md has no anchor for {r['alert']} (<a name=\"{r['alert']}\"></a>), where its runbook_url points")
+    for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", r["expr"]):
+        if "namespace" not in [c.strip() for c in clause.split(",")]:
+            problem(f"alerts: {r['alert']} aggregates or matches by ({clause}), dropping namespace: two clusters in two namespaces would be one alert")
 
 # The alerts read the job the chart's monitors give: the ServiceMonitor's is the headless
 # service's name, the PodMonitor sets it to the same; metrics.alertSelector replaces it.
@@ -627,6 +637,10 @@ docs = template("etcd", "--set", "metrics.prometheusRule.enabled=true", "--set",
 pr = one(docs, "PrometheusRule", "alertSelector")
 if pr and not all('job="etcd-main"' in r["expr"] and "namespace=" not in r["expr"] for g in pr["spec"]["groups"] for r in g["rules"]):
     problem("monitors: metrics.alertSelector does not replace the alerts' selector")
+base = "https://git.example.com/etcd-steward/raw/v0.1.0/"
+pr = one(template("etcd", "--set", "metrics.prometheusRule.enabled=true", "--set", f"metrics.runbookBaseUrl={base}"), "PrometheusRule", "runbookBaseUrl")
+if pr and not all(r["annotations"]["runbook_url"] == f"{base}docs/operations/triage.md#{r['alert']}" for g in pr["spec"]["groups"] for r in g["rules"]):
+    problem("monitors: metrics.runbookBaseUrl is not put before every runbook_url")
 
 for p in problems:
     print(p, file=sys.stderr)

@@ -496,7 +496,8 @@ sidecar = ["etcd_steward_member_role", "etcd_steward_leader_present", "etcd_stew
            "etcd_steward_archive_breaks_total", "etcd_steward_corruption_checks_total",
            "etcd_steward_corruption_check_last_success_timestamp_seconds", "etcd_steward_member_diverged",
            "etcd_steward_members_rebuilt_total", "etcd_steward_events_failed_total",
-           "etcd_steward_acts_total"]
+           "etcd_steward_acts_total", "etcd_steward_volume_capacity_bytes", "etcd_steward_volume_available_bytes",
+           "etcd_steward_set_aside_bytes", "etcd_steward_set_aside_copies"]
 etcd = ["etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes", "etcd_server_quota_backend_bytes",
         "etcd_server_has_leader", "etcd_server_is_leader", "etcd_server_leader_changes_seen_total",
         "etcd_disk_wal_fsync_duration_seconds_bucket", "etcd_disk_backend_commit_duration_seconds_bucket"]

@@ -98,11 +98,20 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line, naming the problem; the usage is a --help away.
             let text = e.render().to_string();
-            let first = text
-                .lines()
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines
                 .next()
                 .unwrap_or_default()
-                .trim_start_matches("error: ");
+                .trim_start_matches("error: ")
+                .to_string();
+            // "the following required arguments were not provided:" names them on the next
+            // lines: they are the message.
+            if first.ends_with(':') {
+                let named: Vec<&str> = lines
+                    .take_while(|l| l.starts_with('-') || l.starts_with('<'))
+                    .collect();
+                first = format!("{first} {}", named.join(", "));
+            }
             eprintln!("etcd-steward: {first} (see --help)");
             return ExitCode::from(EXIT_CONFIG);
         }
@@ -150,6 +159,23 @@ fn run(command: Command) -> anyhow::Result<Exit> {
             Ok(match left {
                 Left::Planned | Left::Done | Left::NotScaledIn => Exit::Success,
                 Left::Refused(why) => Exit::Refused { what: "leave", why },
+            })
+        }
+        Command::SetAside(args) => {
+            let cfg = args.common.validate()?;
+            let ended = commands::set_aside::run(
+                &cfg.data_dir,
+                args.remove.as_deref(),
+                args.yes,
+                args.output == "json",
+                etcd_steward::clock::unix_now(),
+            )?;
+            Ok(match ended {
+                commands::set_aside::Ended::Refused(why) => Exit::Refused {
+                    what: "set-aside",
+                    why,
+                },
+                _ => Exit::Success,
             })
         }
         Command::Rejoin(args) => {

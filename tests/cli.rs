@@ -409,3 +409,80 @@ fn a_read_only_data_disk_fails_with_one_line_naming_it() {
         "{stderr}"
     );
 }
+
+/// `set-aside` lists the copies set aside on the volume (JSON with `-o json`), refuses a name
+/// it did not list (exit 2, nothing removed), prints the plan for a listed one without
+/// `--yes` and changes nothing, and removes that one only with `--yes`: never the live data,
+/// never another copy.
+#[test]
+fn set_aside_lists_the_copies_and_removes_only_the_one_named_with_yes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in [("100-removed-member", 3), ("200-left", 7)] {
+        let wal = dir.path().join("set-aside").join(name).join("member/wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::write(wal.join("0.wal"), vec![1u8; bytes]).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("member/wal")).unwrap();
+    std::fs::write(dir.path().join("member/wal/0.wal"), b"live").unwrap();
+    let data = format!("--data-dir={}", dir.path().display());
+    let base = ["set-aside", "--name=etcd-0", "--replicas=3", data.as_str()];
+    let run = |more: &[&str]| steward(&base.iter().chain(more).copied().collect::<Vec<_>>());
+
+    let out = run(&["-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<_> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["100-removed-member", "200-left"]);
+    assert_eq!(listed[1]["bytes"], 7);
+    let text = String::from_utf8_lossy(&run(&[]).stdout).to_string();
+    assert!(
+        text.contains("200-left") && text.contains("2 copies"),
+        "{text}"
+    );
+
+    for bad in ["../member", "300-left", "200-left/member"] {
+        let out = run(&["--remove", bad, "--yes"]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let planned = run(&["--remove", "100-removed-member"]);
+    assert!(planned.status.success());
+    assert!(String::from_utf8_lossy(&planned.stdout).contains("100-removed-member"));
+    assert!(
+        dir.path().join("set-aside/100-removed-member").is_dir(),
+        "the plan removed it"
+    );
+
+    let removed = run(&["--remove", "100-removed-member", "--yes"]);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    assert!(!dir.path().join("set-aside/100-removed-member").exists());
+    assert!(dir
+        .path()
+        .join("set-aside/200-left/member/wal/0.wal")
+        .is_file());
+    assert_eq!(
+        std::fs::read(dir.path().join("member/wal/0.wal")).unwrap(),
+        b"live"
+    );
+    refused(
+        &["set-aside", "--name=etcd-0", "--replicas=3", "--yes"],
+        "--remove",
+    );
+}

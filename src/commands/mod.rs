@@ -2,7 +2,8 @@
 //! (`backup --list`), [`recover`]
 //! (prints the plan of [`crate::recovery`] and, with `--yes`, hands it to every pod),
 //! [`restore`] (`restore --snapshot`: takes a live cluster back to a snapshot through the
-//! same pods), and [`leave`] (`leave`, `rejoin`). The two that hand requests to the pods
+//! same pods), [`leave`] (`leave`, `rejoin`) and [`set_aside`] (the copies set aside on this
+//! volume: listed, and one removed when named). The two that hand requests to the pods
 //! share [`hand_over`] here.
 
 pub mod backups;
@@ -10,6 +11,7 @@ pub mod history;
 pub mod leave;
 pub mod recover;
 pub mod restore;
+pub mod set_aside;
 pub mod status;
 
 use std::net::SocketAddr;

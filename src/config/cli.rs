@@ -42,6 +42,9 @@ pub enum Command {
     Leave(LeaveArgs),
     /// After `leave`: let this pod join the cluster again (as a new member).
     Rejoin(RejoinArgs),
+    /// The copies set aside on this volume (renamed, never deleted): each with why, size and
+    /// age (--list, the default); --remove NAME prints what would go, --yes removes it.
+    SetAside(SetAsideArgs),
 }
 
 #[derive(Debug, Args)]
@@ -355,6 +358,25 @@ pub struct LeaveArgs {
 pub struct RejoinArgs {
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// `set-aside`'s options.
+#[derive(Debug, Args)]
+pub struct SetAsideArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// List the copies (the default).
+    #[arg(long, conflicts_with = "remove")]
+    pub list: bool,
+    /// The copy to remove, by the name `--list` shows (`<unix-time>-<why>`).
+    #[arg(long, value_name = "NAME")]
+    pub remove: Option<String>,
+    /// Carry the removal out.
+    #[arg(long, requires = "remove")]
+    pub yes: bool,
+    /// `text` or `json`, for the list.
+    #[arg(short = 'o', long = "output", default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
 }
 
 /// `status`'s options.

@@ -37,7 +37,7 @@ pub use execute::scale_in::ScaleInDuty;
 use execute::Jobs;
 use gather::{HttpPeerProbe, Journal, Observation, PeerProbe};
 use health::{assess, Health};
-use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics};
+use http::metrics::{CertificateMetrics, HealthMetrics, InitMetrics, VolumeMetrics};
 use http::AppState;
 use plan::{Outcome, Planner, Step};
 pub use recovery::RecoveryDuty;
@@ -78,6 +78,7 @@ pub struct Sidecar<D, C: Connector, P> {
     vouch: watch::Sender<Option<crate::facts::Vouch>>,
     health_metrics: HealthMetrics,
     init_metrics: InitMetrics,
+    volume_metrics: VolumeMetrics,
     /// The client and peer TLS material (each tick looks at their files, so a rotation is
     /// loaded, or a bad file logged, within a tick) and their expiry.
     tls: Vec<crate::tls::TlsMaterial>,
@@ -142,6 +143,7 @@ where
             vouch: watch::channel(None).0,
             health_metrics: HealthMetrics::register(registry),
             init_metrics: InitMetrics::register(registry),
+            volume_metrics: VolumeMetrics::register(registry),
             tls: cfg.etcd.tls.iter().chain(&cfg.peer_tls).cloned().collect(),
             certificate_metrics: CertificateMetrics::register(registry),
             recovery: None,
@@ -233,6 +235,8 @@ where
             }
         }
         self.publish(&seen, &health);
+        let data_dir = self.journal.data_dir().to_path_buf();
+        self.volume_metrics.update(&data_dir);
         let mut outcomes = Vec::new();
         for planner in &mut self.planners {
             for step in planner.plan(&seen) {

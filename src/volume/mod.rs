@@ -1,8 +1,10 @@
 //! The data directory: what it holds (a `*.wal` under `member/wal` is data, exactly as etcd
 //! decides; [`wal`] reads whose), and what etcd-steward writes there: the formation
 //! [`marker`], the decision [`journal`], and `set-aside/`. Data is never deleted here:
-//! what must go is renamed aside.
+//! what must go is renamed aside ([`aside`] lists those copies, and removes one only when an
+//! operator names it).
 
+pub mod aside;
 pub mod journal;
 pub mod marker;
 pub mod wal;

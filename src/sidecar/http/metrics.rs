@@ -246,6 +246,76 @@ impl HealthMetrics {
     }
 }
 
+/// The data volume as the sidecar sees it (read-only): its size and free space, and the bytes
+/// of the copies set aside on it, which only an operator removes
+/// (`etcd-steward set-aside --remove`).
+#[derive(Debug)]
+pub struct VolumeMetrics {
+    capacity: Gauge,
+    available: Gauge,
+    set_aside: Gauge,
+    set_aside_copies: Gauge,
+    /// When the set-aside copies were last sized (a walk of their files: once a minute).
+    sized_at: Option<std::time::Instant>,
+}
+
+impl VolumeMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = VolumeMetrics {
+            capacity: Gauge::default(),
+            available: Gauge::default(),
+            set_aside: Gauge::default(),
+            set_aside_copies: Gauge::default(),
+            sized_at: None,
+        };
+        registry.register(
+            "etcd_steward_volume_capacity_bytes",
+            "Size of the file system holding the data directory (0 until read)",
+            m.capacity.clone(),
+        );
+        registry.register(
+            "etcd_steward_volume_available_bytes",
+            "Bytes of the data directory's file system available to etcd",
+            m.available.clone(),
+        );
+        registry.register(
+            "etcd_steward_set_aside_bytes",
+            "Bytes of the copies set aside on the data volume (set-aside/): kept until an operator removes one with etcd-steward set-aside --remove",
+            m.set_aside.clone(),
+        );
+        registry.register(
+            "etcd_steward_set_aside_copies",
+            "Copies set aside on the data volume (set-aside/)",
+            m.set_aside_copies.clone(),
+        );
+        m
+    }
+
+    /// Reads the file system under `data_dir` (a `statvfs`, every call) and sizes the
+    /// set-aside copies (at most once a minute). What cannot be read keeps its last value.
+    pub fn update(&mut self, data_dir: &std::path::Path) {
+        if let Ok(st) = rustix::fs::statvfs(data_dir) {
+            let frsize = st.f_frsize.max(1);
+            let to_i64 =
+                |blocks: u64| i64::try_from(blocks.saturating_mul(frsize)).unwrap_or(i64::MAX);
+            self.capacity.set(to_i64(st.f_blocks));
+            self.available.set(to_i64(st.f_bavail));
+        }
+        let due = self
+            .sized_at
+            .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(60));
+        if due {
+            self.sized_at = Some(std::time::Instant::now());
+            if let Ok(copies) = crate::volume::aside::list(data_dir) {
+                let bytes: u64 = copies.iter().map(|c| c.bytes).sum();
+                self.set_aside.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                self.set_aside_copies
+                    .set(i64::try_from(copies.len()).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FileLabel {
     file: String,
@@ -332,6 +402,35 @@ impl InitMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn the_volume_metrics_read_the_file_system_and_the_set_aside_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("set-aside/100-left/member/wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::write(wal.join("0.wal"), vec![0u8; 4096]).unwrap();
+        let mut registry = Registry::default();
+        let mut m = VolumeMetrics::register(&mut registry);
+        m.update(dir.path());
+        let text = encode(&registry, Format::PrometheusText).unwrap();
+        let value = |name: &str| -> i64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} not in {text}"))
+        };
+        let (capacity, available) = (
+            value("etcd_steward_volume_capacity_bytes"),
+            value("etcd_steward_volume_available_bytes"),
+        );
+        assert!(
+            capacity > 0 && (0..=capacity).contains(&available),
+            "{text}"
+        );
+        assert_eq!(value("etcd_steward_set_aside_bytes"), 4096);
+        assert_eq!(value("etcd_steward_set_aside_copies"), 1);
+    }
 
     #[test]
     fn plain_text_is_chosen_only_when_openmetrics_is_not_accepted() {
