@@ -1142,8 +1142,28 @@ fn ordinals(set: &Set, members: &[etcd_client::Member]) -> Vec<u32> {
 /// removes ordinal 2's member. The API server, whose `--etcd-servers` still name pod 2,
 /// serves throughout; every object is served after and the watch opened before goes on
 /// (no revision changes); its failed requests are counted.
+/// Who removes the member of the ordinal scaled away.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Departure {
+    /// The pod's own preStop hook, `leave --if-scaled-in`, before it stops.
+    PreStop,
+    /// The leader's sidecar, once the pod is gone without it.
+    LeadersSidecar,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaled_in_from_3_to_2_the_api_server_naming_the_departed_pod_serves_throughout() {
+    scaled_in_from_3_to_2(Departure::LeadersSidecar).await;
+}
+
+/// The same scale-in, the departing pod's preStop hook (`leave --if-scaled-in`, reading the
+/// StatefulSet from the API server) removing its own member before it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaled_in_from_3_to_2_by_the_pods_prestop_hook_the_api_server_serves_throughout() {
+    scaled_in_from_3_to_2(Departure::PreStop).await;
+}
+
+async fn scaled_in_from_3_to_2(departure: Departure) {
     let mut set = Set::new(STEWARD, Etcd::V3_5Current, 3).await.unwrap();
     set.start_all(FORM).await.unwrap();
     let plane = Plane::on(&set).await;
@@ -1208,6 +1228,15 @@ async fn scaled_in_from_3_to_2_the_api_server_naming_the_departed_pod_serves_thr
     )
     .await
     .unwrap();
+    if departure == Departure::PreStop {
+        // kubelet runs the hook, then stops the containers.
+        let out = set.steward(2, &["leave", "--if-scaled-in"]).await;
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success() && said.contains("this ordinal is scaled away"),
+            "the preStop hook: {said}"
+        );
+    }
     set.kill(2).await.unwrap();
     plane
         .pods
@@ -1229,7 +1258,11 @@ async fn scaled_in_from_3_to_2_the_api_server_naming_the_departed_pod_serves_thr
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let report = judged("scale-in", &plane, poller, started, serving, &objects).await;
+    let act = match departure {
+        Departure::PreStop => "scale-in-prestop",
+        Departure::LeadersSidecar => "scale-in",
+    };
+    let report = judged(act, &plane, poller, started, serving, &objects).await;
     watch_goes_on(&plane, watch, served, "a scale-in").await;
     let new = plane.create("obj-after").await;
     assert!(
@@ -1238,11 +1271,14 @@ async fn scaled_in_from_3_to_2_the_api_server_naming_the_departed_pod_serves_thr
     );
     report.print();
     served_throughout(&report);
-    assert!(
-        (0..2).any(|o| set
-            .logs(o)
-            .contains("scale-in: removed the member of a scaled-away ordinal")),
-        "the leader's sidecar removed it\n{}",
+    let by_sidecar = (0..2).any(|o| {
+        set.logs(o)
+            .contains("scale-in: removed the member of a scaled-away ordinal")
+    });
+    assert_eq!(
+        by_sidecar,
+        departure == Departure::LeadersSidecar,
+        "{departure:?}: the leader's sidecar removed it: {by_sidecar}\n{}",
         set.dump()
     );
     set.shutdown().await;
