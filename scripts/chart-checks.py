@@ -7,7 +7,12 @@ constraint:
      of each (Services, PodDisruptionBudget, StatefulSet, anti-affinity, spread,
      NetworkPolicy, ServiceMonitor, PodMonitor) selects its own pods and nothing else; no name
      is rendered twice; Helm's labels on metadata only, never in a selector or a pod's labels
-  2. subchart: an umbrella chart (made under target/) with `global:` values lints and renders
+  2. subchart: an umbrella chart (made under target/) with `global:` values and a Service of its
+     own named after the release lints and renders, no name twice (the subchart's are
+     <release>-etcd-steward), global.imageRegistry, imagePullSecrets and storageClass honoured;
+     the extension points (registry, digest, sidecars, initContainers, spread as a list,
+     Service and claim annotations, grace period, runtime class, host aliases, prometheus.io
+     annotations from values) land where they should
   3. NetworkPolicy: its ports are exactly the ports the pods open (containerPorts) and the
      agent serves (--http-port, --peer-report-port, --client-port, --peer-port as the binary
      defaults them, etcd's --listen-metrics-urls), with and without TLS, chart and base; the
@@ -205,12 +210,16 @@ os.makedirs(f"{umbrella}/charts")
 os.makedirs(f"{umbrella}/templates")
 with open(f"{umbrella}/templates/configmap.yaml", "w") as t:
     t.write("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-platform\ndata:\n  registry: {{ .Values.global.imageRegistry | quote }}\n")
+# The parent's own Service named after the release, as charts name theirs.
+with open(f"{umbrella}/templates/service.yaml", "w") as t:
+    t.write("apiVersion: v1\nkind: Service\nmetadata:\n  name: {{ .Release.Name }}\nspec:\n  ports:\n    - port: 80\n")
 shutil.copytree(chart, f"{umbrella}/charts/etcd-steward")
 version = yaml.safe_load(open(f"{chart}/Chart.yaml"))["version"]
 yaml.safe_dump({"apiVersion": "v2", "name": "platform", "version": "1.0.0", "description": "A platform chart with etcd-steward in it.",
                 "icon": "https://example.com/platform.svg",
                 "dependencies": [{"name": "etcd-steward", "version": version}]}, open(f"{umbrella}/Chart.yaml", "w"))
-yaml.safe_dump({"global": {"imageRegistry": "registry.example.com", "storageClass": "fast-ssd"},
+yaml.safe_dump({"global": {"imageRegistry": "registry.example.com", "storageClass": "fast-ssd",
+                           "imagePullSecrets": ["platform-pull", {"name": "shared-pull"}]},
                 "etcd-steward": {"replicas": 5, "initialReplicas": 5}}, open(f"{umbrella}/values.yaml", "w"))
 r = subprocess.run([helm, "lint", "--strict", umbrella], capture_output=True, text=True)
 if r.returncode:
@@ -219,6 +228,57 @@ docs = template("platform", chart_dir=umbrella)
 sts, pod, cs = sts_parts(docs, "subchart")
 if sts and (sts["spec"]["replicas"] != 5 or sts["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/instance") != "platform"):
     problem("subchart: the umbrella's values do not reach the StatefulSet (replicas 5, instance platform)")
+names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+if len(names) != len(set(names)):
+    problem(f"subchart: names rendered twice beside the parent's own: {sorted(n for n in names if names.count(n) > 1)}")
+if sts:
+    if sts["metadata"]["name"] != "platform-etcd-steward" or sts["spec"]["serviceName"] != "platform-etcd-steward":
+        problem(f"subchart: the StatefulSet is {sts['metadata']['name']} (service {sts['spec']['serviceName']}), want platform-etcd-steward")
+    e = env_of(cs["etcd"])
+    if not any(v.get("value") == "platform-etcd-steward" for v in e.values()):
+        problem("subchart: no variable of the etcd container names the headless service platform-etcd-steward (the pods' DNS names)")
+    images = {c["image"] for c in pod["containers"]}
+    if images != {"registry.example.com/etcd-steward:0.1.0"}:
+        problem(f"subchart: global.imageRegistry not before the image: {images}")
+    if pod.get("imagePullSecrets") != [{"name": "platform-pull"}, {"name": "shared-pull"}]:
+        problem(f"subchart: global.imagePullSecrets not honoured: {pod.get('imagePullSecrets')}")
+    if sts["spec"]["volumeClaimTemplates"][0]["spec"].get("storageClassName") != "fast-ssd":
+        problem("subchart: global.storageClass not honoured")
+
+# ---- the extension points land where they should -----------------------------------------
+ext = template("etcd", "--set", "image.registry=reg.local:5000", "--set", "image.digest=sha256:" + "b" * 64,
+               "--set", "storage.className=local", "--set", "global.storageClass=ignored",
+               "--set-json", 'sidecars=[{"name":"shipper","image":"shipper:1"}]',
+               "--set-json", 'initContainers=[{"name":"prep","image":"prep:1"}]',
+               "--set-json", 'topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"DoNotSchedule","labelSelector":{"matchLabels":{"app.kubernetes.io/instance":"etcd"}}}]',
+               "--set-string", "service.annotations.a=1", "--set-string", "headlessService.annotations.b=2",
+               "--set-string", "storage.annotations.c=3", "--set", "terminationGracePeriodSeconds=120",
+               "--set", "runtimeClassName=gvisor", "--set-json", 'hostAliases=[{"ip":"10.0.0.1","hostnames":["x"]}]',
+               "--set-string", "podAnnotations.prometheus\\.io/port=9999")
+sts, pod, cs = sts_parts(ext, "extension points")
+if sts:
+    want = "reg.local:5000/etcd-steward:0.1.0@sha256:" + "b" * 64
+    if {c["image"] for c in pod["containers"] if c["name"] in ("etcd", "sidecar")} != {want}:
+        problem(f"extension points: image.registry and image.digest do not make {want}")
+    if [c["name"] for c in pod["containers"]] != ["etcd", "sidecar", "shipper"] or [c["name"] for c in pod.get("initContainers", [])] != ["prep"]:
+        problem("extension points: sidecars and initContainers not after the chart's own")
+    if [t["topologyKey"] for t in pod.get("topologySpreadConstraints", [])] != ["kubernetes.io/hostname"]:
+        problem("extension points: topologySpreadConstraints as a list not used instead of topologySpread")
+    if pod.get("terminationGracePeriodSeconds") != 120 or pod.get("runtimeClassName") != "gvisor" or pod.get("hostAliases", [{}])[0].get("ip") != "10.0.0.1":
+        problem("extension points: terminationGracePeriodSeconds, runtimeClassName or hostAliases not on the pod")
+    ann = sts["spec"]["template"]["metadata"].get("annotations", {})
+    if ann.get("prometheus.io/port") != "9999" or ann.get("prometheus.io/scrape") != "true":
+        problem(f"extension points: podAnnotations do not override the prometheus.io ones, once each: {ann}")
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    if claim["metadata"].get("annotations") != {"c": "3"} or claim["spec"].get("storageClassName") != "local":
+        problem("extension points: storage.annotations or storage.className (over global.storageClass) not on the claim")
+    svcs = {d["metadata"]["name"]: d for d in ext if d["kind"] == "Service"}
+    if svcs.get("etcd-client", {}).get("metadata", {}).get("annotations") != {"a": "1"} or svcs.get("etcd", {}).get("metadata", {}).get("annotations") != {"b": "2"}:
+        problem("extension points: service.annotations or headlessService.annotations not on their Service")
+docs = template("etcd", "--set", "metrics.scrapeAnnotations=false")
+sts, pod, cs = sts_parts(docs, "scrapeAnnotations")
+if sts and any(k.startswith("prometheus.io/") for k in sts["spec"]["template"]["metadata"].get("annotations", {})):
+    problem("metrics.scrapeAnnotations=false still renders prometheus.io annotations")
 
 # ---- 3. the NetworkPolicy admits exactly the ports the pods open ----------------------------
 help_text = subprocess.run([binary, "sidecar", "--help"], capture_output=True, text=True).stdout

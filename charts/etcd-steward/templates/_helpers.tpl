@@ -1,9 +1,17 @@
 {{/*
-The name of every resource and the app.kubernetes.io/name label: nameOverride, else the
-release name. With the release named `etcd` this is manifests/base's `etcd`.
+The name of every resource: fullnameOverride; else, installed as the chart itself,
+nameOverride or the release name (with the release named `etcd`, manifests/base's `etcd`);
+as a subchart, <release>-<nameOverride or the chart's name>, so that it cannot collide with the
+parent's own resources, which are named after the same release.
 */}}
 {{- define "etcd-steward.name" -}}
 {{- $name := default .Release.Name .Values.nameOverride -}}
+{{- if .Values.fullnameOverride -}}
+{{- $name = .Values.fullnameOverride -}}
+{{- else if ne .Template.BasePath (printf "%s/templates" .Chart.Name) -}}
+{{- /* A subchart: its parent's resources are named after the release too. */ -}}
+{{- $name = printf "%s-%s" .Release.Name (default .Chart.Name .Values.nameOverride) -}}
+{{- end -}}
 {{- if gt (len $name) 52 -}}
 {{- fail (printf "name %q is longer than 52 characters (pod names add -N and the PVC data-)" $name) -}}
 {{- end -}}
@@ -202,8 +210,39 @@ tcpSocket:
 {{- end }}
 {{- end -}}
 
+{{/*
+The etcd-steward image: [registry/]repository[:tag][@digest], the registry global.imageRegistry
+(a parent chart's), else image.registry; a digest pins it (the tag is then only for people).
+*/}}
 {{- define "etcd-steward.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- $registry := default .Values.image.registry ((.Values.global).imageRegistry) -}}
+{{- if $registry }}{{ trimSuffix "/" $registry }}/{{ end }}{{ .Values.image.repository }}
+{{- with .Values.image.tag }}:{{ . }}{{ end }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
+{{- end -}}
+
+{{/* imagePullSecrets: global.imagePullSecrets (names or {name}) then imagePullSecrets. */}}
+{{- define "etcd-steward.imagePullSecrets" -}}
+{{- $all := list -}}
+{{- range concat (default list ((.Values.global).imagePullSecrets)) (default list .Values.imagePullSecrets) -}}
+{{- $all = append $all (ternary (dict "name" .) . (kindIs "string" .)) -}}
+{{- end -}}
+{{- with $all | uniq }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's annotations: prometheus.io/* (metrics.scrapeAnnotations), then podAnnotations over them. */}}
+{{- define "etcd-steward.podAnnotations" -}}
+{{- $a := dict -}}
+{{- if .Values.metrics.scrapeAnnotations -}}
+{{- $_ := set $a "prometheus.io/scrape" "true" -}}
+{{- $_ := set $a "prometheus.io/port" "8080" -}}
+{{- $_ := set $a "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- $a = mergeOverwrite $a (default dict .Values.podAnnotations) -}}
+{{- with $a }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{- define "etcd-steward.peerSecret" -}}
