@@ -16,7 +16,7 @@ use etcd_steward::report::{parse_report, Formation, PeerReport, WalIdentity};
 use etcd_steward::sidecar::gather::Journal;
 use etcd_steward::sidecar::health::{assess, Health, LocalObservation, PeerApi, Role};
 use etcd_steward::sidecar::http::metrics::{encode, Format, HealthMetrics, InitMetrics};
-use etcd_steward::sidecar::http::{peer_router, report_router, router, AppState};
+use etcd_steward::sidecar::http::{peer_router, router, AppState};
 use etcd_steward::sidecar::plan::evict::Evict;
 use etcd_steward::sidecar::plan::promote::Promote;
 use etcd_steward::sidecar::plan::{Outcome, Planner, Step, Why};
@@ -24,9 +24,10 @@ use etcd_steward::volume::wal::frame;
 use etcd_steward::volume::{journal, marker};
 use prometheus_client::registry::Registry;
 
-/// The probe port without peer TLS: the probes, and (for one release) the peer report.
-fn plain_port(state: AppState) -> axum::Router {
-    router(state.clone()).merge(report_router(state))
+/// Both surfaces in one router, for tests that ask the probes and the report alike (in the
+/// sidecar they are two ports: the probe port serves no report).
+fn both_ports(state: AppState) -> axum::Router {
+    router(state.clone()).merge(peer_router(state))
 }
 
 const POD: &str = "etcd-1";
@@ -160,7 +161,7 @@ impl Sidecar {
             .method(method)
             .uri(path)
             .body(Body::empty())?;
-        let resp = plain_port(self.state.clone()).oneshot(req).await?;
+        let resp = both_ports(self.state.clone()).oneshot(req).await?;
         let status = resp.status();
         let content_type = resp
             .headers()
@@ -711,7 +712,7 @@ async fn a_scraper_asking_for_plain_text_gets_the_prometheus_text_format() -> Te
     let req = Request::get("/metrics")
         .header(header::ACCEPT, "text/plain")
         .body(Body::empty())?;
-    let resp = plain_port(s.state.clone()).oneshot(req).await?;
+    let resp = router(s.state.clone()).oneshot(req).await?;
     let content_type = resp
         .headers()
         .get(header::CONTENT_TYPE)
@@ -867,7 +868,7 @@ async fn peer_report_carries_the_formation_marker() -> TestResult {
 async fn peer_report_is_an_error_not_an_empty_volume_when_the_data_dir_is_a_file() -> TestResult {
     // "Empty" is bootstrap evidence: a data dir that cannot be inspected must never say it.
     let file = tempfile::NamedTempFile::new()?;
-    let app = plain_port(bare_state(file.path()));
+    let app = peer_router(bare_state(file.path()));
     let resp = app
         .oneshot(Request::get("/peer/report").body(Body::empty())?)
         .await?;
@@ -928,7 +929,9 @@ async fn an_unknown_path_is_not_found() -> TestResult {
 
 #[tokio::test]
 async fn the_kubelet_facing_router_does_not_serve_peer_reports() -> TestResult {
-    // With peer TLS on, reports are served only over mutual TLS on their own port.
+    // With or without peer TLS, reports are served only on the peer-facing port: the probe
+    // port is open to every namespace (kubelet, Prometheus), and the report names this
+    // volume's member, cluster and log.
     let dir = tempfile::tempdir()?;
     let app = router(bare_state(dir.path()));
     let resp = app
@@ -1087,6 +1090,34 @@ mod control {
         }
     }
 
+    /// The token is checked from the head: a request without it is refused while its body
+    /// has not even arrived (a body that never comes: were it read first, this would hang),
+    /// and one with it whose body is longer than a control request can be is refused (413)
+    /// without holding anything.
+    #[tokio::test]
+    async fn a_control_request_is_refused_before_its_body_is_read() -> TestResult {
+        let p = peer(true, false, Ok(()))?;
+        let never = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+        let req = Request::post("/peer/recovery")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, "1000000")
+            .body(Body::from_stream(never))?;
+        let resp = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            peer_router(p.state.clone()).oneshot(req),
+        )
+        .await
+        .map_err(|_| "the request was not refused before its body arrived")??;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(p.refused(Refused::Unauthenticated), 1);
+
+        let huge = format!("{{\"pad\": \"{}\"}}", "x".repeat(64 * 1024));
+        let (status, _) = p.to_peer_port("/peer/recovery", Some(TOKEN), huge).await?;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(p.state.recovery.current(), None);
+        Ok(())
+    }
+
     #[tokio::test]
     async fn control_requests_on_the_probe_port_are_not_found() -> TestResult {
         let p = peer(true, false, Ok(()))?;
@@ -1096,7 +1127,7 @@ mod control {
             ("/peer/rebuild", rebuild_body(now() + 60)),
         ] {
             let (status, _) = p
-                .post(plain_port(p.state.clone()), path, Some(TOKEN), body)
+                .post(router(p.state.clone()), path, Some(TOKEN), body)
                 .await?;
             assert_eq!(status, StatusCode::NOT_FOUND, "{path} on the probe port");
         }
@@ -1312,7 +1343,7 @@ async fn the_history_is_served_on_the_peer_port_only_with_inits_decisions_and_th
     );
 
     // Not on the probe port, which anyone may reach.
-    let resp = plain_port(state).oneshot(get()?).await?;
+    let resp = router(state).oneshot(get()?).await?;
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     Ok(())
 }

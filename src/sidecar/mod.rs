@@ -492,12 +492,9 @@ where
         server::Limits::default(),
         stop.clone(),
     ));
-    // Control requests are never served on the probe port. Without peer TLS the report is,
-    // for one release, for pods of the previous release (they ask this port).
-    let app = match peer_tls {
-        None => http::router(state.clone()).merge(http::report_router(state.clone())),
-        Some(_) => http::router(state.clone()),
-    };
+    // Neither control requests nor the peer report on the probe port, which the
+    // NetworkPolicy opens to every namespace (kubelet, Prometheus).
+    let app = http::router(state.clone());
     tracing::info!(%addr, pod = %cfg.identity.name(), "sidecar serving /healthz, /ready, /metrics");
     let server = tokio::spawn(server::serve(
         listener,

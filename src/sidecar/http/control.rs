@@ -3,9 +3,11 @@
 //! member whose data diverged), the requests that make a sidecar stop its etcd. They
 //! are served on the peer-facing port only, and a request is held only when it passes,
 //! in this order:
-//! 1. authentication ([`crate::control`]): 401 without the token, 403 when control
-//!    requests are off (neither peer TLS nor a token);
-//! 2. its shape: 413 too large, 400 not a request;
+//! 1. authentication ([`crate::control`], [`authenticate`]: from the head, before any of the
+//!    body is read): 401 without the token, 403 when control requests are off (neither peer
+//!    TLS nor a token);
+//! 2. its shape: 413 too large (more than [`MAX_CONTROL_BYTES`], refused as it arrives), 400
+//!    not a request;
 //! 3. its expiry: 422 when already past; a later one is clamped to [`REQUEST_TTL`] from
 //!    receipt;
 //! 4. one request at a time: the same ID again is 202 and changes nothing; another ID while
@@ -210,10 +212,43 @@ pub async fn accept_rebuild(
     accept(&s, &s.rebuild, &headers, &body, check).await
 }
 
+/// The largest control request body read (a rebuild's proof, every voter's hash, is the
+/// largest); a longer one is refused (413) as it arrives, not after it was buffered.
+pub const MAX_CONTROL_BYTES: usize = crate::report::MAX_REPORT_BYTES;
+
+/// Step 1, as a layer on the control routes: the token (or, with peer TLS, the handshake
+/// already made) is checked from the request's head, before any of its body is read, so
+/// that a client without it costs a refusal and never a buffered body.
+pub async fn authenticate(
+    State(s): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let c = &s.control;
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match c.auth.admit(authorization) {
+        Gate::Open => next.run(request).await,
+        Gate::Unauthenticated => c.refuse(
+            Refused::Unauthenticated,
+            StatusCode::UNAUTHORIZED,
+            "control requests need Authorization: Bearer <the token in --control-token-file>".into(),
+        ),
+        Gate::Off => c.refuse(
+            Refused::Disabled,
+            StatusCode::FORBIDDEN,
+            format!("control requests are off: give the sidecar and the commands {TOKEN_OPTION} (the same file), or peer TLS (--peer-cert-file, --peer-key-file, --peer-trusted-ca-file)"),
+        ),
+    }
+}
+
+/// Steps 2 to 5, once [`authenticate`] let the request through.
 async fn accept<T, F, Fut>(
     s: &AppState,
     inbox: &Inbox<T>,
-    headers: &HeaderMap,
+    _headers: &HeaderMap,
     body: &[u8],
     check: F,
 ) -> Response
@@ -223,25 +258,7 @@ where
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     let c = &s.control;
-    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    match c.auth.admit(authorization) {
-        Gate::Open => {}
-        Gate::Unauthenticated => {
-            return c.refuse(
-                Refused::Unauthenticated,
-                StatusCode::UNAUTHORIZED,
-                "control requests need Authorization: Bearer <the token in --control-token-file>".into(),
-            )
-        }
-        Gate::Off => {
-            return c.refuse(
-                Refused::Disabled,
-                StatusCode::FORBIDDEN,
-                format!("control requests are off: give the sidecar and the commands {TOKEN_OPTION} (the same file), or peer TLS (--peer-cert-file, --peer-key-file, --peer-trusted-ca-file)"),
-            )
-        }
-    }
-    if body.len() > crate::report::MAX_REPORT_BYTES {
+    if body.len() > MAX_CONTROL_BYTES {
         return c.refuse(
             Refused::Invalid,
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use super::health::Health;
 use super::recovery::{Inbox, TailCache};
 
-pub use routes::{peer_router, report_router, router};
+pub use routes::{peer_router, router};
 
 /// What the handlers read.
 #[derive(Clone)]

@@ -8,7 +8,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::control::{accept_rebuild, accept_recovery, accept_restore};
+use super::control::{
+    accept_rebuild, accept_recovery, accept_restore, authenticate, MAX_CONTROL_BYTES,
+};
 use super::history::peer_history;
 use super::metrics::{self, Format};
 use super::report::peer_report;
@@ -58,25 +60,24 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The read-only peer report alone. Without peer TLS the probe port serves it as well, for
-/// one release, so that pods of the previous release (which ask the probe port) still read
-/// it during a rolling upgrade.
-pub fn report_router(state: AppState) -> Router {
-    Router::new()
-        .route("/peer/report", get(peer_report))
-        .with_state(state)
-}
-
 /// The peer-facing surface, served on `--peer-report-port` only: the report other pods take
 /// as bootstrap evidence, this pod's part of `status --history` (`/peer/history`), and the control requests the operator's commands send
 /// (`recover --yes`, `restore --yes`; see [`super::control`]). Over mutual TLS with peer
 /// TLS, plain HTTP without (control requests then need the token).
 pub fn peer_router(state: AppState) -> Router {
-    Router::new()
-        .route("/peer/report", get(peer_report))
-        .route("/peer/history", get(peer_history))
+    // Authenticated from the head before the body is read; the body bounded as it arrives.
+    let control = Router::new()
         .route("/peer/recovery", post(accept_recovery))
         .route("/peer/restore", post(accept_restore))
         .route("/peer/rebuild", post(accept_rebuild))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_CONTROL_BYTES));
+    Router::new()
+        .route("/peer/report", get(peer_report))
+        .route("/peer/history", get(peer_history))
+        .merge(control)
         .with_state(state)
 }

@@ -1,7 +1,8 @@
 //! The sidecar's HTTP listener: plain for kubelet, or mutual TLS for peer reports, with
 //! limits so that abuse (huge headers, slow or idle clients, floods) costs a connection,
 //! never the agent: headers must arrive within a few seconds and fit a small buffer, a
-//! whole exchange is bounded in time, and accept errors (e.g. out of descriptors) back off.
+//! whole exchange is bounded in time, at most [`Limits::max_connections`] are served at once,
+//! and accept errors (e.g. out of descriptors) back off.
 
 use std::time::Duration;
 
@@ -23,6 +24,9 @@ pub struct Limits {
     pub max_buf_size: usize,
     /// Time allowed for a TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// Connections served at once; past it, new ones wait in the listen backlog until one
+    /// ends (each ends within `connection_timeout`), so a flood costs waiting, not memory.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -32,6 +36,7 @@ impl Default for Limits {
             connection_timeout: Duration::from_secs(15),
             max_buf_size: 16 * 1024,
             tls_handshake_timeout: Duration::from_secs(3),
+            max_connections: 64,
         }
     }
 }
@@ -46,7 +51,15 @@ pub async fn serve(
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return,
+            },
+            _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => return,
+        };
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
@@ -64,6 +77,7 @@ pub async fn serve(
             .map(|m| tokio_rustls::TlsAcceptor::from(m.server_config()));
         let app = app.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = TowerToHyperService::new(app);
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
