@@ -228,7 +228,7 @@ mod scenarios {
             c.status(1).await.is_none(),
             "no etcd answers on the wiped pod"
         );
-        let (code, report) = c.http(1, "/peer/report").await.unwrap();
+        let (code, report) = c.peer_http(1, "/peer/report").await.unwrap();
         let report: serde_json::Value = serde_json::from_str(&report).unwrap();
         assert_eq!(code, 200);
         assert_eq!(report["has_data"], false, "{report}");
@@ -830,7 +830,7 @@ mod scenarios {
                 c.status(o).await.is_none(),
                 "no etcd answers on wiped pod {o}"
             );
-            let (code, r) = c.http(o, "/peer/report").await.unwrap();
+            let (code, r) = c.peer_http(o, "/peer/report").await.unwrap();
             assert_eq!(code, 200);
             let r: serde_json::Value = serde_json::from_str(&r).unwrap();
             assert_eq!(r["has_data"], false, "pod {o}: {r}");
@@ -838,7 +838,7 @@ mod scenarios {
         // The survivor restarted on its own data. Its etcd serves no client until it has
         // a quorum, so its volume speaks through its sidecar's report.
         c.assert_restarted_on_its_data(0, before).await;
-        let (code, r) = c.http(0, "/peer/report").await.unwrap();
+        let (code, r) = c.peer_http(0, "/peer/report").await.unwrap();
         assert_eq!(code, 200);
         let r: serde_json::Value = serde_json::from_str(&r).unwrap();
         assert_eq!(r["has_data"], true, "{r}");

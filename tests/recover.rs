@@ -224,7 +224,7 @@ async fn a_recover_command_killed_after_handing_over_the_request_still_completes
     let mut child = set.steward_in(1, &["recover", "--yes"]).spawn().unwrap();
     // Killed as soon as the survivor's sidecar holds the request.
     wait_for(FORM, "the survivor's sidecar holds the request", || async {
-        set.http(0, "/peer/report")
+        set.peer_http(0, "/peer/report")
             .await
             .is_some_and(|(_, body)| body.contains("recovery_request"))
     })
@@ -325,7 +325,7 @@ async fn the_wal_tail_matches_what_etcd_reported_before_it_stopped(etcd: Etcd) {
         // stopped (it reads it once per tick: a report of the tick before shows less).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
         loop {
-            let (_, body) = set.http(o, "/peer/report").await.unwrap();
+            let (_, body) = set.peer_http(o, "/peer/report").await.unwrap();
             let report: serde_json::Value = serde_json::from_str(&body).unwrap();
             let reported = report["log"]["commit"].as_u64();
             if reported == Some(tail.commit) {
@@ -548,7 +548,7 @@ async fn a_recovery_with_the_survivors_sidecar_and_etcd_killed_midway_completes_
     // The survivor's sidecar dies as soon as it holds the request (before or after it
     // stopped etcd), and comes back without it.
     wait_for(FORM, "the survivor's sidecar holds the request", || async {
-        set.http(0, "/peer/report")
+        set.peer_http(0, "/peer/report")
             .await
             .is_some_and(|(_, body)| body.contains("recovery_request"))
     })

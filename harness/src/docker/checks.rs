@@ -34,6 +34,13 @@ impl Cluster {
         http_get(addr, path, Duration::from_secs(2), 1 << 20).await
     }
 
+    /// GETs a path from pod `o`'s sidecar on its peer-facing port (8443, plain HTTP without
+    /// peer TLS), where `/peer/report` is served.
+    pub async fn peer_http(&self, o: u32, path: &str) -> HttpAnswer {
+        let addr = SocketAddr::new(IpAddr::V4(self.ip(o)), 8443);
+        http_get(addr, path, Duration::from_secs(2), 1 << 20).await
+    }
+
     /// Whether pod `o`'s sidecar says ready.
     pub async fn ready(&self, o: u32) -> bool {
         matches!(self.http(o, "/ready").await, Some((200, _)))

@@ -151,6 +151,13 @@ impl Set {
         http_get(addr, path, self.http_timeout, 1 << 20).await
     }
 
+    /// GETs a path from a pod's sidecar on its peer-facing port (plain HTTP: sets without
+    /// peer TLS), where `/peer/report` and `/peer/history` are served: (status, body).
+    pub async fn peer_http(&self, o: u32, path: &str) -> Option<(u16, String)> {
+        let addr = SocketAddr::new(IpAddr::V4(self.pod(o).ip), 8443);
+        http_get(addr, path, self.http_timeout, 1 << 20).await
+    }
+
     /// Whether pod `o`'s sidecar says ready.
     pub async fn ready(&self, o: u32) -> bool {
         matches!(self.http(o, "/ready").await, Some((200, _)))
