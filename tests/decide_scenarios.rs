@@ -3868,16 +3868,16 @@ fn a_skipped_minor_release_waits() {
 }
 
 #[test]
-fn an_empty_3_6_pod_does_not_join_members_before_3_5_20() {
+fn an_empty_3_6_pod_does_not_join_members_before_3_5_26() {
     let f = Facts {
         cluster: healthy_without_us(),
-        versions: versions(release(3, 6, 1), release(3, 5, 19), Some(release(3, 5, 0))),
+        versions: versions(release(3, 6, 1), release(3, 5, 25), Some(release(3, 5, 0))),
         ..facts()
     };
     let d = decide(&f);
     assert_waits(
         &d,
-        &["runs etcd 3.5.19", "3.5.20 or newer", "decided: join"],
+        &["runs etcd 3.5.25", "3.5.26 or newer", "decided: join"],
     );
 }
 

@@ -300,3 +300,47 @@ async fn with_backups_a_snapshot_of_the_3_4_cluster_is_stored_before_the_first_3
     assert_eq!(set.count_keys_on(2, "k/").await.unwrap(), 30);
     set.shutdown().await;
 }
+
+/// The flag table `init` trusts (`init::releases::FLAGS`) against the real etcd of every
+/// release this machine has: each flag the table says the release accepts is in its
+/// `etcd --help`, each it says the release does not know is absent. (3.6 and 3.7 have no
+/// binary here: the table's word for them comes from etcd's changelogs and upgrade guides.)
+#[test]
+fn the_flag_table_matches_each_real_etcds_help() {
+    use etcd_steward::facts::EtcdVersion;
+    use etcd_steward::init::releases::{accepts, FLAGS};
+    for etcd in [Etcd::V3_4, Etcd::V3_5, Etcd::V3_5Current] {
+        let bin = etcd.bin();
+        let version = std::process::Command::new(&bin)
+            .arg("--version")
+            .output()
+            .unwrap();
+        let release = EtcdVersion::parse(&String::from_utf8_lossy(&version.stdout))
+            .unwrap_or_else(|| panic!("{} --version", bin.display()));
+        let help = std::process::Command::new(&bin)
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = format!(
+            "{}{}",
+            String::from_utf8_lossy(&help.stdout),
+            String::from_utf8_lossy(&help.stderr)
+        );
+        for f in FLAGS {
+            let listed = help.lines().any(|l| {
+                let l = l.trim_start();
+                l.starts_with(&format!("--{} ", f.name))
+                    || l.starts_with(&format!("--{}=", f.name))
+                    || l == format!("--{}", f.name)
+                    || l.starts_with(&format!("--{}\t", f.name))
+            });
+            assert_eq!(
+                listed,
+                accepts(release, f.name) == Some(true),
+                "etcd {release}: --{} is {} in its --help, the table says otherwise",
+                f.name,
+                if listed { "listed" } else { "not listed" }
+            );
+        }
+    }
+}

@@ -493,11 +493,14 @@ impl Decision {
 }
 
 /// The first 3.5 release a 3.6 member may join: earlier 3.5 releases can hold membership
-/// data that etcd 3.6 does not accept (etcd's upgrade notes: upgrade to 3.5.20 or newer first).
+/// data that etcd 3.6 does not accept — the "zombie members" a `--force-new-cluster` on 3.5.21
+/// and earlier leaves in the v3 store, and the "too many learner members" error — which
+/// 3.5.24 to 3.5.26 repair (etcd.io/docs/v3.6/upgrades/upgrade_3_6: "make sure that all of
+/// your 3.5 members are updated to 3.5.26 or later"; etcd.io/blog/2025/zombie_members_upgrade).
 pub const SAFE_FOR_3_6: EtcdVersion = EtcdVersion {
     major: 3,
     minor: 5,
-    patch: 20,
+    patch: 26,
 };
 
 /// Why this pod's etcd release waits.
@@ -521,8 +524,8 @@ pub enum Hold {
         server: EtcdVersion,
         peer: String,
     },
-    /// etcd 3.6 or newer while a peer runs a release older than 3.5.20.
-    Before3_5_20 {
+    /// etcd 3.6 or newer while a peer runs a release older than 3.5.26.
+    Before3_5Safe {
         binary: EtcdVersion,
         server: EtcdVersion,
         peer: String,
@@ -539,7 +542,7 @@ impl std::fmt::Display for Hold {
             Hold::Older { binary, cluster, peer } => write!(f, "etcd {binary} cannot join a cluster at version {} ({peer} says so): etcd never lowers a cluster's version, and would exit; start this pod with etcd {}.x (see docs/operations/upgrades.md)", minor(cluster), minor(cluster)),
             Hold::SkipsMinor { binary, server, peer } => write!(f, "etcd {binary} cannot join while {peer} runs etcd {server}: etcd upgrades one minor release at a time; upgrade every member to {}.{} first (see docs/operations/upgrades.md)", server.major, server.minor + 1),
             Hold::AuthOn3_4 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server} with authentication on, and a mixed 3.4/3.5 cluster with auth on can refuse requests and diverge (etcd-io/etcd#13976); disable auth (etcdctl auth disable), upgrade every member, then enable it again (see docs/operations/upgrades.md)"),
-            Hold::Before3_5_20 { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see docs/operations/upgrades.md)"),
+            Hold::Before3_5Safe { binary, server, peer } => write!(f, "etcd {binary} waits: {peer} runs etcd {server}, and etcd 3.6 may only join members at {SAFE_FOR_3_6} or newer (older 3.5 releases can hold membership data 3.6 rejects); upgrade every member to the latest 3.5 first (see docs/operations/upgrades.md)"),
         }
     }
 }

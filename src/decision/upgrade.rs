@@ -54,7 +54,7 @@ pub fn hold(v: &VersionFacts) -> Option<Hold> {
     }
     if key(&binary) >= (3, 6) {
         if let Some(p) = v.peers.iter().find(|p| p.server < SAFE_FOR_3_6) {
-            return Some(Hold::Before3_5_20 {
+            return Some(Hold::Before3_5Safe {
                 binary,
                 server: p.server,
                 peer: p.name.clone(),
@@ -237,16 +237,16 @@ mod tests {
                 &[("3.4.23", Some("3.4.0"))],
                 Some("one minor release at a time"),
             ),
-            // 3.6 onto 3.5 before 3.5.20, whatever the cluster version says.
+            // 3.6 onto 3.5 before 3.5.26, whatever the cluster version says.
             (
                 "3.6.1",
                 &[("3.5.30", Some("3.5.0")), ("3.5.19", Some("3.5.0"))],
                 Some("etcd-1 runs etcd 3.5.19"),
             ),
-            ("3.6.1", &[("3.5.19", None)], Some("3.5.20 or newer")),
+            ("3.6.1", &[("3.5.25", None)], Some("3.5.26 or newer")),
             (
                 "3.6.1",
-                &[("3.5.20", Some("3.5.0")), ("3.6.1", Some("3.5.0"))],
+                &[("3.5.26", Some("3.5.0")), ("3.6.1", Some("3.5.0"))],
                 None,
             ),
             // Nobody answered: nothing holds.

@@ -405,4 +405,35 @@ mod tests {
             "a restart checks"
         );
     }
+
+    #[test]
+    fn every_flag_of_every_start_is_one_each_release_accepts() {
+        use crate::init::releases::{accepts, name_of, RELEASES_CHECKED};
+        let cfg = config("10.0.0.1");
+        let modes = [
+            StartMode::Restart,
+            StartMode::Restored,
+            StartMode::ForceNewCluster,
+            StartMode::New {
+                initial_cluster: "etcd-0=a".into(),
+                token: "t".into(),
+            },
+            StartMode::Existing {
+                members: vec![member(1, "etcd-0", 0)],
+            },
+        ];
+        for r in RELEASES_CHECKED {
+            let release = EtcdVersion::parse(r).unwrap_or_else(|| panic!("{r}"));
+            let checks = corruption_checks(Some(release), &[], &[]);
+            for mode in &modes {
+                for arg in etcd_argv(&cfg, mode, &checks_for(mode, checks.clone()), &[]) {
+                    assert_eq!(
+                        accepts(release, name_of(&arg)),
+                        Some(true),
+                        "init would start etcd {r} ({mode:?}) with {arg}: not a flag of that release in init::releases::FLAGS"
+                    );
+                }
+            }
+        }
+    }
 }

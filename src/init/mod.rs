@@ -6,6 +6,7 @@
 pub mod act;
 pub mod etcd_args;
 pub mod explain;
+pub mod releases;
 pub mod retry;
 pub mod waiting;
 
