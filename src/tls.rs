@@ -55,6 +55,8 @@ pub enum TlsError {
 pub struct TlsMaterial {
     pub files: TlsFiles,
     state: Arc<Mutex<State>>,
+    /// Changed sets that loaded but were not used: expired, or of another CA.
+    refused: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// When the first certificate of a configured file (the leaf of a certificate file, the
@@ -83,6 +85,9 @@ struct Loaded {
     client: Arc<ClientConfig>,
     server: Arc<ServerConfig>,
     expiry: Vec<CertExpiry>,
+    /// The certificate file's chain and the CA file's certificates, as loaded.
+    certs: Vec<CertificateDer<'static>>,
+    cas: Vec<CertificateDer<'static>>,
 }
 
 /// What says that a file changed: another file under the name (a new inode, as the kubelet's
@@ -239,6 +244,7 @@ impl Loaded {
             .into_iter()
             .filter_map(|(file, certs)| expiry(file, certs))
             .collect();
+        let (certs, cas) = (parts.certs, parts.cas);
         Ok(Loaded {
             cert_pem,
             key_pem,
@@ -246,6 +252,31 @@ impl Loaded {
             client,
             server,
             expiry,
+            certs,
+            cas,
+        })
+    }
+
+    /// Why a set that loads must still not replace the one in use, if so: its certificate
+    /// has expired (at `now`, Unix seconds), or was not issued by any CA of its CA file
+    /// (a certificate of another CA: the peers would refuse it).
+    fn unusable(&self, now: u64) -> Option<String> {
+        let cert = self.certs.first()?;
+        if let Some(t) = expiry::not_after(cert.as_ref()) {
+            if t < i64::try_from(now).unwrap_or(i64::MAX) {
+                return Some(format!("its certificate expired at {t} (Unix seconds)"));
+            }
+        }
+        // Issued by a CA of the CA file, or by an intermediate the certificate file carries
+        // after it (whose own chain the handshake checks).
+        let issuer = expiry::issuer(cert.as_ref())?;
+        let known = self
+            .cas
+            .iter()
+            .chain(self.certs.iter().skip(1))
+            .any(|ca| expiry::subject(ca.as_ref()) == Some(issuer));
+        (!known).then(|| {
+            "its certificate was not issued by a CA in its CA file (nor by an intermediate in its certificate file)".to_string()
         })
     }
 
@@ -270,6 +301,7 @@ impl TlsMaterial {
                 loaded: Arc::new(loaded),
                 version: 0,
             })),
+            refused: Arc::default(),
         })
     }
 
@@ -283,6 +315,12 @@ impl TlsMaterial {
             let files = &self.files;
             match Loaded::read(files) {
                 Ok(new) if new.same_files_as(&state.loaded) => {}
+                Ok(new) if new.unusable(crate::clock::unix_now()).is_some() => {
+                    self.refused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let why = new.unusable(crate::clock::unix_now()).unwrap_or_default();
+                    tracing::warn!(cert = %files.cert.display(), ca = %files.ca.display(), why = %why, "TLS files changed to a set that cannot be used: not used; the last good certificate, key and CA stay in use (etcd_steward_certificate_reloads_refused_total)");
+                }
                 Ok(new) => {
                     state.loaded = Arc::new(new);
                     state.version += 1;
@@ -294,6 +332,11 @@ impl TlsMaterial {
             }
         }
         (state.loaded.clone(), state.version)
+    }
+
+    /// How many changed sets of files loaded but were not used (expired, or of another CA).
+    pub fn refused_reloads(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many times the material in use changed since start (the files are looked at
@@ -476,6 +519,49 @@ mod tests {
         assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
         d.install(&next);
         assert_eq!((m.version(), expiry_of(&m)), (1, both_until(2032)));
+    }
+
+    /// A CA named `ca_name` and a leaf it signed, valid until `year`.
+    fn issue_named(year: i32, ca_name: &str) -> Issued {
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.not_after = rcgen::date_time_ymd(year, 1, 1);
+        ca.distinguished_name = rcgen::DistinguishedName::new();
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, ca_name);
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let mut leaf = CertificateParams::new(vec!["etcd-0".to_string()]).unwrap();
+        leaf.not_after = rcgen::date_time_ymd(year, 1, 1);
+        let key = KeyPair::generate().unwrap();
+        let cert = leaf.signed_by(&key, &ca).unwrap();
+        Issued {
+            ca: ca.pem(),
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    #[test]
+    fn an_expired_set_or_a_certificate_of_another_ca_is_not_used_and_is_counted() {
+        let d = Dir::new();
+        d.install(&issue_named(2031, "ca-a"));
+        let m = TlsMaterial::load(&d.files).unwrap();
+        // Expired (its notAfter in 2020): loads, but is not used.
+        d.install(&issue_named(2020, "ca-a"));
+        assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+        assert_eq!(m.refused_reloads(), 1);
+        // A certificate and key of CA B beside CA A's file.
+        let a = issue_named(2032, "ca-a");
+        let b = issue_named(2032, "ca-b");
+        d.replace(&d.files.ca, &a.ca);
+        d.replace(&d.files.cert, &b.cert);
+        d.replace(&d.files.key, &b.key);
+        assert_eq!((m.version(), expiry_of(&m)), (0, both_until(2031)));
+        assert_eq!(m.refused_reloads(), 2);
+        // The whole of B: a CA rotation, used.
+        d.replace(&d.files.ca, &b.ca);
+        assert_eq!((m.version(), expiry_of(&m)), (1, both_until(2032)));
+        assert_eq!(m.refused_reloads(), 2);
     }
 
     #[test]

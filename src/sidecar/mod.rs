@@ -173,6 +173,12 @@ where
         for material in &self.tls {
             self.certificate_metrics.set(&material.expiry());
         }
+        self.certificate_metrics.set_refused(
+            self.tls
+                .iter()
+                .map(crate::tls::TlsMaterial::refused_reloads)
+                .sum(),
+        );
         let mut seen = gather::observe(
             &mut self.conn,
             &self.probe,

@@ -33,6 +33,36 @@ fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((tag, content, after))
 }
 
+/// The fields of tbsCertificate after its version: serialNumber, signature, issuer,
+/// validity, subject, … (each as its whole DER element, tag and length included).
+fn tbs_fields(der: &[u8]) -> Option<Vec<&[u8]>> {
+    let (SEQUENCE, certificate, _) = element(der)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = element(certificate)? else {
+        return None;
+    };
+    let (tag, _, after_version) = element(tbs)?;
+    let mut rest = if tag == VERSION { after_version } else { tbs };
+    let mut fields = Vec::new();
+    for _ in 0..5 {
+        let (_, _, after) = element(rest)?;
+        fields.push(&rest[..rest.len() - after.len()]);
+        rest = after;
+    }
+    Some(fields)
+}
+
+/// The certificate's issuer Name, as DER, or `None` when `der` cannot be walked.
+pub fn issuer(der: &[u8]) -> Option<&[u8]> {
+    tbs_fields(der).map(|f| f[2])
+}
+
+/// The certificate's subject Name, as DER.
+pub fn subject(der: &[u8]) -> Option<&[u8]> {
+    tbs_fields(der).map(|f| f[4])
+}
+
 /// The certificate's notAfter in Unix seconds, or `None` when `der` is not a certificate
 /// this reader can walk.
 pub fn not_after(der: &[u8]) -> Option<i64> {

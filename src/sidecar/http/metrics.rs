@@ -326,6 +326,7 @@ struct FileLabel {
 #[derive(Debug)]
 pub struct CertificateMetrics {
     expiry: Family<FileLabel, Gauge>,
+    refused: Counter,
 }
 
 impl CertificateMetrics {
@@ -336,7 +337,21 @@ impl CertificateMetrics {
             "When the first certificate of each configured TLS file (a certificate file's leaf, a CA file's first CA) in use expires: its notAfter, Unix seconds",
             expiry.clone(),
         );
-        CertificateMetrics { expiry }
+        let refused = Counter::default();
+        registry.register(
+            "etcd_steward_certificate_reloads_refused",
+            "Changed TLS files that loaded but were not used: an expired certificate, or one no CA of its CA file issued (the last good set stays in use)",
+            refused.clone(),
+        );
+        CertificateMetrics { expiry, refused }
+    }
+
+    /// Brings the counter to `total`, the refusals every TLS material counted since start.
+    pub fn set_refused(&self, total: u64) {
+        let had = self.refused.get();
+        if total > had {
+            self.refused.inc_by(total - had);
+        }
     }
 
     pub fn set(&self, expiry: &[CertExpiry]) {
