@@ -364,6 +364,18 @@ if np:
     if np["spec"]["ingress"][0]["from"] != want:
         problem(f"netpol platform: the clients are {np['spec']['ingress'][0]['from']}, want {want}")
 
+# The client rule is closed by default: the pods labelled etcd-steward.io/client=<name>, never
+# every pod; `{}` only when asked for.
+for where, args, want in [("defaults", [], {"matchLabels": {"etcd-steward.io/client": "etcd"}}),
+                          ("clientSelector {}", ["--set-json", "networkPolicy.clientSelector={}"], {})]:
+    nps = [d for d in template("etcd", *args) if d["kind"] == "NetworkPolicy"]
+    got = nps[0]["spec"]["ingress"][0]["from"][0].get("podSelector") if nps else None
+    if got != want:
+        problem(f"netpol {where}: the client rule selects {got}, want {want}")
+base_np = [d for d in kustomize("manifests/base") if d["kind"] == "NetworkPolicy"]
+if base_np and base_np[0]["spec"]["ingress"][0]["from"][0].get("podSelector") != {"matchLabels": {"etcd-steward.io/client": "etcd"}}:
+    problem("netpol manifests/base: the client rule is not the pods labelled etcd-steward.io/client=etcd")
+
 # ---- 4. the control token -------------------------------------------------------------------
 TOKEN_DIR, TOKEN_FILE = "/var/run/etcd-steward/control", "/var/run/etcd-steward/control/token"
 
