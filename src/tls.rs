@@ -226,6 +226,13 @@ fn expiry(file: &Path, certs: &[CertificateDer<'_>]) -> Option<CertExpiry> {
     })
 }
 
+/// Now, Unix seconds (the wall clock: certificates expire by it).
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl Loaded {
     /// Reads and checks the three files; every problem names its file.
     fn read(files: &TlsFiles) -> Result<Self, TlsError> {
@@ -315,10 +322,10 @@ impl TlsMaterial {
             let files = &self.files;
             match Loaded::read(files) {
                 Ok(new) if new.same_files_as(&state.loaded) => {}
-                Ok(new) if new.unusable(crate::clock::unix_now()).is_some() => {
+                Ok(new) if new.unusable(now_unix()).is_some() => {
                     self.refused
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let why = new.unusable(crate::clock::unix_now()).unwrap_or_default();
+                    let why = new.unusable(now_unix()).unwrap_or_default();
                     tracing::warn!(cert = %files.cert.display(), ca = %files.ca.display(), why = %why, "TLS files changed to a set that cannot be used: not used; the last good certificate, key and CA stay in use (etcd_steward_certificate_reloads_refused_total)");
                 }
                 Ok(new) => {
