@@ -394,19 +394,7 @@ mod tests {
     }
 
     fn issue(year: i32) -> Issued {
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.not_after = rcgen::date_time_ymd(year, 1, 1);
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-        let mut leaf = CertificateParams::new(vec!["etcd-0".to_string()]).unwrap();
-        leaf.not_after = rcgen::date_time_ymd(year, 1, 1);
-        let key = KeyPair::generate().unwrap();
-        let cert = leaf.signed_by(&key, &ca).unwrap();
-        Issued {
-            ca: ca.pem(),
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
+        issue_named(year, "etcd-steward test CA")
     }
 
     /// Midnight UTC of the first of January of `year`, Unix seconds.

@@ -34,7 +34,7 @@ fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 }
 
 /// The fields of tbsCertificate after its version: serialNumber, signature, issuer,
-/// validity, subject, … (each as its whole DER element, tag and length included).
+/// validity, subject (each as its whole DER element, tag and length included).
 fn tbs_fields(der: &[u8]) -> Option<Vec<&[u8]>> {
     let (SEQUENCE, certificate, _) = element(der)? else {
         return None;
@@ -44,9 +44,12 @@ fn tbs_fields(der: &[u8]) -> Option<Vec<&[u8]>> {
     };
     let (tag, _, after_version) = element(tbs)?;
     let mut rest = if tag == VERSION { after_version } else { tbs };
+    // As many of the five as there are: a field that cannot be walked ends the list.
     let mut fields = Vec::new();
-    for _ in 0..5 {
-        let (_, _, after) = element(rest)?;
+    while fields.len() < 5 {
+        let Some((_, _, after)) = element(rest) else {
+            break;
+        };
         fields.push(&rest[..rest.len() - after.len()]);
         rest = after;
     }
@@ -55,30 +58,19 @@ fn tbs_fields(der: &[u8]) -> Option<Vec<&[u8]>> {
 
 /// The certificate's issuer Name, as DER, or `None` when `der` cannot be walked.
 pub fn issuer(der: &[u8]) -> Option<&[u8]> {
-    tbs_fields(der).map(|f| f[2])
+    tbs_fields(der)?.get(2).copied()
 }
 
 /// The certificate's subject Name, as DER.
 pub fn subject(der: &[u8]) -> Option<&[u8]> {
-    tbs_fields(der).map(|f| f[4])
+    tbs_fields(der)?.get(4).copied()
 }
 
 /// The certificate's notAfter in Unix seconds, or `None` when `der` is not a certificate
 /// this reader can walk.
 pub fn not_after(der: &[u8]) -> Option<i64> {
-    let (SEQUENCE, certificate, _) = element(der)? else {
-        return None;
-    };
-    let (SEQUENCE, tbs, _) = element(certificate)? else {
-        return None;
-    };
-    let (tag, _, after_version) = element(tbs)?;
-    let mut rest = if tag == VERSION { after_version } else { tbs };
-    // serialNumber, signature (the algorithm), issuer.
-    for _ in 0..3 {
-        rest = element(rest)?.2;
-    }
-    let (SEQUENCE, validity, _) = element(rest)? else {
+    let fields = tbs_fields(der)?;
+    let (SEQUENCE, validity, _) = element(fields.get(3)?)? else {
         return None;
     };
     let (_, _, after_not_before) = element(validity)?;
