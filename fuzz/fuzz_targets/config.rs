@@ -40,6 +40,9 @@ fuzz_target!(|data: &[u8]| {
             Command::Rejoin(r) => {
                 let _ = r.common.validate();
             }
+            Command::SetAside(a) => {
+                let _ = a.common.validate();
+            }
             Command::Install(_) => {}
         }
     }
