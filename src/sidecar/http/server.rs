@@ -1,8 +1,8 @@
 //! The sidecar's HTTP listener: plain for kubelet, or mutual TLS for peer reports, with
 //! limits so that abuse (huge headers, slow or idle clients, floods) costs a connection,
 //! never the agent: headers must arrive within a few seconds and fit a small buffer, a
-//! whole exchange is bounded in time, at most [`Limits::max_connections`] are served at once,
-//! and accept errors (e.g. out of descriptors) back off.
+//! whole exchange is bounded in time, past [`Limits::max_connections`] at once new ones are
+//! shed, and accept errors (e.g. out of descriptors) back off.
 
 use std::time::Duration;
 
@@ -24,8 +24,9 @@ pub struct Limits {
     pub max_buf_size: usize,
     /// Time allowed for a TLS handshake.
     pub tls_handshake_timeout: Duration,
-    /// Connections served at once; past it, new ones wait in the listen backlog until one
-    /// ends (each ends within `connection_timeout`), so a flood costs waiting, not memory.
+    /// Connections served at once; past it, a new one is accepted and closed at once (shed,
+    /// not queued: a probe behind a flood is refused and asked again, never left waiting
+    /// behind hundreds of idle connections), so a flood costs refusals, not memory.
     pub max_connections: usize,
 }
 
@@ -36,7 +37,7 @@ impl Default for Limits {
             connection_timeout: Duration::from_secs(15),
             max_buf_size: 16 * 1024,
             tls_handshake_timeout: Duration::from_secs(3),
-            max_connections: 64,
+            max_connections: 512,
         }
     }
 }
@@ -53,13 +54,6 @@ pub async fn serve(
 ) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return,
-            },
-            _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => return,
-        };
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
@@ -71,6 +65,11 @@ pub async fn serve(
                 }
             },
             _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => return,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Every slot taken: shed this one (dropped: closed).
+            drop(tcp);
+            continue;
         };
         let acceptor = tls
             .as_ref()
