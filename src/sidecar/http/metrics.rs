@@ -499,6 +499,7 @@ mod tests {
             [
                 r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/ca.crt"} 2000000000"#,
                 r#"etcd_steward_certificate_expiry_timestamp_seconds{file="/tls/tls.crt"} 1950000000"#,
+                "etcd_steward_certificate_reloads_refused_total 0",
             ]
         );
         Ok(())
