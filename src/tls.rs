@@ -322,17 +322,18 @@ impl TlsMaterial {
             let files = &self.files;
             match Loaded::read(files) {
                 Ok(new) if new.same_files_as(&state.loaded) => {}
-                Ok(new) if new.unusable(now_unix()).is_some() => {
-                    self.refused
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let why = new.unusable(now_unix()).unwrap_or_default();
-                    tracing::warn!(cert = %files.cert.display(), ca = %files.ca.display(), why = %why, "TLS files changed to a set that cannot be used: not used; the last good certificate, key and CA stay in use (etcd_steward_certificate_reloads_refused_total)");
-                }
-                Ok(new) => {
-                    state.loaded = Arc::new(new);
-                    state.version += 1;
-                    tracing::info!(cert = %files.cert.display(), key = %files.key.display(), ca = %files.ca.display(), "TLS files changed: new connections and handshakes use them");
-                }
+                Ok(new) => match new.unusable(now_unix()) {
+                    Some(why) => {
+                        self.refused
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(cert = %files.cert.display(), ca = %files.ca.display(), why = %why, "TLS files changed to a set that cannot be used: not used; the last good certificate, key and CA stay in use (etcd_steward_certificate_reloads_refused_total)");
+                    }
+                    None => {
+                        state.loaded = Arc::new(new);
+                        state.version += 1;
+                        tracing::info!(cert = %files.cert.display(), key = %files.key.display(), ca = %files.ca.display(), "TLS files changed: new connections and handshakes use them");
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "TLS files changed but do not load together: not used; the last good certificate, key and CA stay in use until they do")
                 }

@@ -125,14 +125,15 @@ pub fn remove(dir: &Path, name: &str) -> Result<Result<PathBuf, String>, VolumeE
         return Ok(Err(why));
     }
     let path = root.join(name);
+    let synced = || {
+        std::fs::File::open(&root)
+            .and_then(|d| d.sync_all())
+            .map_err(VolumeError::unwritable(dir))
+    };
     std::fs::rename(&path, &doomed).map_err(VolumeError::unwritable(dir))?;
-    std::fs::File::open(&root)
-        .and_then(|d| d.sync_all())
-        .map_err(VolumeError::unwritable(dir))?;
+    synced()?;
     std::fs::remove_dir_all(&doomed).map_err(VolumeError::unwritable(dir))?;
-    std::fs::File::open(&root)
-        .and_then(|d| d.sync_all())
-        .map_err(VolumeError::unwritable(dir))?;
+    synced()?;
     Ok(Ok(path))
 }
 
