@@ -64,16 +64,9 @@ pub fn run(
         }
         return Ok(Ended::Listed);
     };
-    if let Err(why) = aside::check_name(&copies, name) {
-        // A removal killed midway is finished by `remove` even though it is not listed.
-        if !(yes
-            && dir
-                .join("set-aside")
-                .join(format!(".removing-{name}"))
-                .is_dir())
-        {
-            return Ok(Ended::Refused(why));
-        }
+    // With --yes, `remove` checks the name itself (and finishes a removal killed midway).
+    if let (Err(why), false) = (aside::check_name(&copies, name), yes) {
+        return Ok(Ended::Refused(why));
     }
     let copy = copies.iter().find(|c| c.name == name);
     let only_data = copy.is_some_and(|c| c.holds_wal)
