@@ -12,6 +12,7 @@
 //! file, is logged once per change of the files, not at every use.
 
 mod expiry;
+pub mod issue;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,9 @@ pub struct TlsMaterial {
     state: Arc<Mutex<State>>,
     /// Changed sets that loaded but were not used: expired, or of another CA.
     refused: Arc<std::sync::atomic::AtomicU64>,
+    /// As a server, admit only client certificates with this common name (the peers of
+    /// one StatefulSet: `--peer-cert-allowed-cn`).
+    admit: Option<Arc<str>>,
 }
 
 /// When the first certificate of a configured file (the leaf of a certificate file, the
@@ -119,6 +123,7 @@ fn stamps(files: &TlsFiles) -> [Option<Stamp>; 3] {
 /// What the rustls configurations are built from, checked in [`Loaded::read`].
 struct Parts<'a> {
     files: &'a TlsFiles,
+    admit: Option<&'a Arc<str>>,
     key_pem: &'a [u8],
     certs: Vec<CertificateDer<'static>>,
     cas: Vec<CertificateDer<'static>>,
@@ -171,6 +176,13 @@ impl Parts<'_> {
             WebPkiClientVerifier::builder_with_provider(Arc::new(self.roots()?), provider())
                 .build()
                 .map_err(|e| self.config_error(e))?;
+        let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = match self.admit {
+            Some(cn) => Arc::new(AdmitOnly {
+                inner: verifier,
+                cn: cn.clone(),
+            }),
+            None => verifier,
+        };
         let mut config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| self.config_error(e))?
@@ -233,14 +245,73 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A client certificate verifier that, past the CA's check, admits only certificates whose
+/// subject's common name is `cn`: the peer CA may sign more than this StatefulSet's peers
+/// (cert-manager's one issuer for both sides), and a client certificate is no peer.
+#[derive(Debug)]
+struct AdmitOnly {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    cn: Arc<str>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for AdmitOnly {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if issue::common_names(end_entity.as_ref())
+            .iter()
+            .any(|cn| **cn == *self.cn)
+        {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 impl Loaded {
     /// Reads and checks the three files; every problem names its file.
-    fn read(files: &TlsFiles) -> Result<Self, TlsError> {
+    fn read(files: &TlsFiles, admit: Option<&Arc<str>>) -> Result<Self, TlsError> {
         let cert_pem = read(&files.cert)?;
         let key_pem = read(&files.key)?;
         let ca_pem = read(&files.ca)?;
         let parts = Parts {
             files,
+            admit,
             key_pem: &key_pem,
             certs: parse_certs(&files.cert, &cert_pem, "certificate")?,
             cas: parse_certs(&files.ca, &ca_pem, "CA certificate")?,
@@ -299,8 +370,12 @@ impl TlsMaterial {
     /// logged and leave this material in use.
     pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
         // Looked at before reading: a change in between is seen (and read) at the next use.
+        TlsMaterial::load_admitting(files, None)
+    }
+
+    fn load_admitting(files: &TlsFiles, admit: Option<Arc<str>>) -> Result<Self, TlsError> {
         let seen = stamps(files);
-        let loaded = Loaded::read(files)?;
+        let loaded = Loaded::read(files, admit.as_ref())?;
         Ok(TlsMaterial {
             files: files.clone(),
             state: Arc::new(Mutex::new(State {
@@ -309,7 +384,17 @@ impl TlsMaterial {
                 version: 0,
             })),
             refused: Arc::default(),
+            admit,
         })
+    }
+
+    /// The same files, serving only clients whose certificate's common name is `cn`
+    /// (`None`: any the CA signed). Read again now: on a read that fails the files' error.
+    pub fn admitting_only(self, cn: Option<String>) -> Result<Self, TlsError> {
+        match cn {
+            None => Ok(self),
+            Some(cn) => TlsMaterial::load_admitting(&self.files, Some(Arc::from(cn))),
+        }
     }
 
     /// The material to use now, and its version: the files are read again if they changed
@@ -320,7 +405,7 @@ impl TlsMaterial {
         if now != state.seen {
             state.seen = now;
             let files = &self.files;
-            match Loaded::read(files) {
+            match Loaded::read(files, self.admit.as_ref()) {
                 Ok(new) if new.same_files_as(&state.loaded) => {}
                 Ok(new) => match new.unusable(now_unix()) {
                     Some(why) => {

@@ -3,6 +3,11 @@
 //! trust a new CA). The sidecars read the files again as they change, serve the peer reports
 //! and reconnect to etcd with the new ones, and are ready again without a restart; files
 //! caught half-written (new certificates beside the old keys) are not used meanwhile.
+//!
+//! And the chart's default: every pod issues its own certificates from the CAs it is given
+//! (`--tls-issuer-dir`), renews them before they expire with no restart of etcd or the
+//! agent, and etcd and the sidecars admit as a peer only a certificate of this set's peer
+//! name.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,6 +87,7 @@ async fn certificates_from_a_new_ca_are_used_by_the_running_sidecars_without_a_r
     let sidecars: Vec<Option<u32>> = (0..3).map(|o| set.sidecar_pid(o)).collect();
     let pki = Pki {
         dir: set.pki.as_ref().unwrap().dir.clone(),
+        issuer: false,
     };
     let next = set.renewed_pki("pki-next", RENEWED_UNTIL).unwrap();
     let (old_peer, new_peer) = (peer_client(&pki), peer_client(&next));
@@ -211,5 +217,146 @@ async fn certificates_from_a_new_ca_are_used_by_the_running_sidecars_without_a_r
     }
     set.put_keys("k", 5).await.unwrap();
     assert_eq!(set.count_keys_on(2, "k/").await.unwrap_or(-1), 5);
+    set.shutdown().await;
+}
+
+/// A client configuration presenting `pki`'s `name.pem` and trusting its `ca`.
+fn client_of(pki: &Pki, name: &str, ca: &str) -> Arc<rustls::ClientConfig> {
+    TlsMaterial::load(&TlsFiles {
+        cert: pki.path(&format!("{name}.pem")),
+        key: pki.path(&format!("{name}-key.pem")),
+        ca: pki.path(ca),
+    })
+    .unwrap()
+    .client_config()
+}
+
+/// The leaf certificate pod `o`'s etcd serves on `port` now (a new handshake, not resumed:
+/// a resumed session reports the certificate of the session it resumes), as DER.
+async fn served(set: &Set, o: u32, port: u16, tls: &Arc<rustls::ClientConfig>) -> Option<Vec<u8>> {
+    let mut fresh = (**tls).clone();
+    fresh.resumption = rustls::client::Resumption::disabled();
+    let tls = &Arc::new(fresh);
+    let tcp = tokio::net::TcpStream::connect((set.pod(o).ip, port)).await.ok()?;
+    let name = rustls_pki_types::ServerName::try_from(set.host(o)).ok()?;
+    let conn = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let (_, session) = conn.get_ref();
+    Some(session.peer_certificates()?.first()?.as_ref().to_vec())
+}
+
+/// GET `path` on pod `o`'s `port` over mutual TLS with `tls`: its status, or `None` when the
+/// handshake (or the request) failed.
+async fn get_status(set: &Set, o: u32, port: u16, path: &str, tls: &Arc<rustls::ClientConfig>) -> Option<u16> {
+    let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), port);
+    get_with(addr, &set.host(o), path, Duration::from_secs(3), 1 << 16, Some(tls))
+        .await
+        .ok()
+        .map(|(code, _)| code)
+}
+
+/// The DNS names and addresses of a certificate (DER).
+fn names(der: &[u8]) -> Vec<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    let san = cert.subject_alternative_name().unwrap().unwrap();
+    san.value
+        .general_names
+        .iter()
+        .map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
+            x509_parser::extensions::GeneralName::IPAddress(ip) if ip.len() == 4 => {
+                IpAddr::from(<[u8; 4]>::try_from(*ip).unwrap()).to_string()
+            }
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etcd_or_the_agent() {
+    let mut set = Set::new(STEWARD, Etcd::V3_5Tls, 3).await.unwrap();
+    set.issue_own_certificates().unwrap();
+    // The shortest validity: renewed with 20 s left, 40 s after issue.
+    set.extra_args.push("--tls-issued-validity=60s".into());
+    for o in 0..3 {
+        set.start(o).unwrap();
+    }
+    set.wait_ready(&[0, 1, 2], 3, FORM).await.unwrap();
+    let pki = Pki {
+        dir: set.pki.as_ref().unwrap().dir.clone(),
+        issuer: true,
+    };
+    let client = client_of(&pki, "client", "client-ca.pem");
+    let peer = client_of(&pki, "peer", "peer-ca.pem");
+    let stranger = client_of(&pki, "stranger", "peer-ca.pem");
+    let etcds: Vec<Option<u32>> = (0..3).map(|o| set.etcd_pid(o)).collect();
+    let sidecars: Vec<Option<u32>> = (0..3).map(|o| set.sidecar_pid(o)).collect();
+    let mut first = Vec::new();
+    for o in 0..3 {
+        let host = set.host(o);
+        // Its client port and its peer port each present a certificate of this pod.
+        let client_cert = served(&set, o, 2379, &client).await.expect("client port");
+        let peer_cert = served(&set, o, 2380, &peer).await.expect("peer port");
+        assert!(names(&client_cert).contains(&host), "{:?}", names(&client_cert));
+        let peer_names = names(&peer_cert);
+        assert!(peer_names.contains(&host), "{peer_names:?}");
+        for other in (0..3).filter(|p| *p != o) {
+            assert!(
+                !peer_names.iter().any(|n| n.contains(&format!("etcd-{other}."))),
+                "pod {o}'s peer certificate names pod {other}: {peer_names:?}"
+            );
+        }
+        assert_eq!(
+            etcd_steward::tls::issue::common_names(&peer_cert),
+            vec!["etcd-peer".to_string()]
+        );
+        // A certificate of the peer CA under another name is no peer: etcd and the sidecar
+        // refuse it; the set's peer name is admitted.
+        assert_eq!(get_status(&set, o, 2380, "/version", &peer).await, Some(200), "pod {o}");
+        assert_eq!(get_status(&set, o, 2380, "/version", &stranger).await, None, "pod {o}: etcd admitted a stranger");
+        assert_eq!(report_status(&set, o, &peer).await, Some(200), "pod {o}");
+        assert_eq!(report_status(&set, o, &stranger).await, None, "pod {o}: the sidecar admitted a stranger");
+        first.push((client_cert, peer_cert));
+    }
+
+    // Renewed with a third of the validity left: every pod's etcd serves new certificates
+    // on both ports, and nothing restarted.
+    wait_for_or(
+        Duration::from_secs(60),
+        "every pod's etcd to serve renewed client and peer certificates",
+        || async {
+            for o in 0..3 {
+                let (c, p) = &first[o as usize];
+                if served(&set, o, 2379, &client).await.as_ref() == Some(c)
+                    || served(&set, o, 2380, &peer).await.as_ref() == Some(p)
+                {
+                    return false;
+                }
+            }
+            true
+        },
+        || set.dump(),
+    )
+    .await;
+    for o in 0..3 {
+        assert_eq!(set.etcd_pid(o), etcds[o as usize], "pod {o}: etcd restarted");
+        assert_eq!(set.sidecar_pid(o), sidecars[o as usize], "pod {o}: the sidecar restarted");
+        assert!(
+            set.read_logs(o, "sidecar").contains("certificates issued again"),
+            "pod {o}: the sidecar says it renewed them"
+        );
+    }
+    // Still one cluster: the peers dial one another with the new certificates, the sidecars
+    // reach etcd with theirs.
+    set.put_keys("renewed", 5).await.unwrap();
+    for o in 0..3 {
+        assert_eq!(set.count_keys_on(o, "renewed/").await.unwrap_or(-1), 5, "pod {o}");
+    }
+    set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     set.shutdown().await;
 }

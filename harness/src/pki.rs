@@ -17,6 +17,9 @@ use crate::{Error, Result};
 pub struct Pki {
     /// Where the PEM files are.
     pub dir: PathBuf,
+    /// The pods issue their own certificates from the CAs in `<dir>/issuer`
+    /// ([`Pki::generate_issuer`]); the files here are the harness's own.
+    pub issuer: bool,
 }
 
 fn rcgen_failed(e: rcgen::Error) -> Error {
@@ -57,9 +60,21 @@ fn leaf(
     issuer: &CertifiedIssuer<'static, KeyPair>,
     until: Until,
 ) -> Result<()> {
+    leaf_named(dir, name, name, sans, issuer, until)
+}
+
+/// A leaf certificate `name.pem` (and `name-key.pem`) whose common name is `cn`.
+fn leaf_named(
+    dir: &Path,
+    name: &str,
+    cn: &str,
+    sans: &[String],
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    until: Until,
+) -> Result<()> {
     let mut params = CertificateParams::new(sans.to_vec()).map_err(rcgen_failed)?;
     valid_until(&mut params, until);
-    params.distinguished_name.push(DnType::CommonName, name);
+    params.distinguished_name.push(DnType::CommonName, cn);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
@@ -106,6 +121,39 @@ impl Pki {
         leaf(dir, "outsider", &sans, &other_ca, until)?;
         Ok(Pki {
             dir: dir.to_path_buf(),
+            issuer: false,
+        })
+    }
+
+    /// The CAs the pods issue their own certificates from (`--tls-issuer-dir`, as the
+    /// chart's `<name>-ca` Secret: `<dir>/issuer/{peer,client}-ca.{crt,key}`), and the
+    /// harness's own certificates from them: `client.pem` (its etcd client), `peer.pem`
+    /// with the set's peer name `<service>-peer` (what the sidecars admit), and
+    /// `stranger.pem`, signed by the peer CA under another name.
+    pub fn generate_issuer(dir: &Path, service: &str, namespace: &str, domain: &str) -> Result<Pki> {
+        let issuer_dir = dir.join("issuer");
+        std::fs::create_dir_all(&issuer_dir)
+            .map_err(Error::io(format!("creating {}", issuer_dir.display())))?;
+        let sans = vec![
+            format!("*.{service}.{namespace}.svc.{domain}"),
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ];
+        let client_ca = ca("etcd client CA", None)?;
+        let peer_ca = ca("etcd peer CA", None)?;
+        let other_ca = ca("someone else's CA", None)?;
+        for (name, ca) in [("client-ca", &client_ca), ("peer-ca", &peer_ca)] {
+            write(dir.join(format!("{name}.pem")), ca.pem())?;
+            write(issuer_dir.join(format!("{name}.crt")), ca.pem())?;
+            write(issuer_dir.join(format!("{name}.key")), ca.key().serialize_pem())?;
+        }
+        leaf(dir, "client", &sans, &client_ca, None)?;
+        leaf_named(dir, "peer", &format!("{service}-peer"), &sans, &peer_ca, None)?;
+        leaf_named(dir, "stranger", "not-a-peer", &sans, &peer_ca, None)?;
+        leaf(dir, "outsider", &sans, &other_ca, None)?;
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            issuer: true,
         })
     }
 
@@ -129,6 +177,15 @@ impl Pki {
     /// The etcd-steward options that turn TLS on for clients and peers.
     pub fn args(&self) -> Vec<String> {
         let p = |f: &str| self.path(f).display().to_string();
+        if self.issuer {
+            // Each pod's own directory; on loopback every connection comes from 127.0.0.1,
+            // which etcd checks a peer's certificate against.
+            return vec![
+                format!("--tls-issuer-dir={}", p("issuer")),
+                format!("--tls-issued-dir={}", p("issued-{ordinal}")),
+                "--tls-san=127.0.0.1".into(),
+            ];
+        }
         vec![
             format!("--client-cert-file={}", p("client.pem")),
             format!("--client-key-file={}", p("client-key.pem")),

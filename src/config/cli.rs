@@ -144,6 +144,32 @@ pub struct CommonArgs {
     pub peer_key_file: Option<PathBuf>,
     #[arg(long, env = "ETCD_STEWARD_PEER_TRUSTED_CA_FILE")]
     pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Issue this pod's own client and peer certificates from the CAs in this directory
+    /// (`peer-ca.crt`, `peer-ca.key`, `client-ca.crt`, `client-ca.key`: the chart's
+    /// `<name>-ca` Secret), into `--tls-issued-dir`, and renew them before they expire;
+    /// instead of the six `--*-file` TLS options, which then follow from it.
+    #[arg(long, env = "ETCD_STEWARD_TLS_ISSUER_DIR")]
+    pub tls_issuer_dir: Option<PathBuf>,
+    /// Where the issued certificates go: a directory of this pod's own that both
+    /// containers mount (an emptyDir).
+    #[arg(
+        long,
+        env = "ETCD_STEWARD_TLS_ISSUED_DIR",
+        default_value = "/var/run/etcd-steward/tls"
+    )]
+    pub tls_issued_dir: PathBuf,
+    /// How long each issued certificate is valid; renewed with a third of it left.
+    #[arg(long, env = "ETCD_STEWARD_TLS_ISSUED_VALIDITY", default_value = "720h")]
+    pub tls_issued_validity: String,
+    /// More names or addresses the issued certificates carry, comma-separated (the client
+    /// Service's names).
+    #[arg(long, env = "ETCD_STEWARD_TLS_SAN", value_delimiter = ',')]
+    pub tls_san: Vec<String>,
+    /// The common name every peer certificate of this StatefulSet carries: etcd
+    /// (`--peer-cert-allowed-cn`) and the sidecar's peer surface admit no other peer.
+    /// With `--tls-issuer-dir`, `<statefulset>-peer` unless given.
+    #[arg(long, env = "ETCD_STEWARD_PEER_CERT_ALLOWED_CN")]
+    pub peer_cert_allowed_cn: Option<String>,
     /// The port the sidecar serves its peer-facing surface on (peer reports and control
     /// requests): mutual TLS with peer TLS, plain HTTP without.
     #[arg(long, env = "ETCD_STEWARD_PEER_REPORT_PORT", default_value = "8443")]

@@ -9,6 +9,76 @@ use crate::etcd::Auth;
 use crate::identity::{parse_pod_name, Identity};
 
 impl CommonArgs {
+    /// `--tls-issuer-dir`'s issuance for this pod, its certificates made now when they are
+    /// missing or due (init and the sidecar start together; the first takes the lock):
+    /// the TLS files then load as given ones would.
+    fn issuing(
+        &self,
+        set_name: &str,
+        ordinal: u32,
+        service: &str,
+        domain: &str,
+        problems: &mut Vec<String>,
+    ) -> Option<crate::tls::issue::Issuing> {
+        let issuer_dir = self.tls_issuer_dir.clone()?;
+        let validity = duration_at_least(
+            "tls-issued-validity",
+            &self.tls_issued_validity,
+            crate::tls::issue::MIN_VALIDITY,
+            "720h",
+            problems,
+        )?;
+        if self.tls_issued_dir.is_relative() {
+            problems.push(format!(
+                "--tls-issued-dir must be an absolute path, got {:?}",
+                self.tls_issued_dir
+            ));
+            return None;
+        }
+        if set_name.is_empty() {
+            return None;
+        }
+        let service_domain = format!("{service}.{}.svc.{domain}", self.namespace);
+        let ip = self
+            .listen_ip
+            .parse::<IpAddr>()
+            .ok()
+            .filter(|ip| !ip.is_unspecified());
+        let issuing = crate::tls::issue::Issuing {
+            issuer_dir,
+            out_dir: self.tls_issued_dir.clone(),
+            subject: crate::tls::issue::Subject {
+                host: format!("{set_name}-{ordinal}.{service_domain}"),
+                service_domain,
+                peer_cn: self
+                    .peer_cert_allowed_cn
+                    .clone()
+                    .filter(|cn| !cn.is_empty())
+                    .unwrap_or_else(|| format!("{set_name}-peer")),
+                client_cn: self
+                    .auth_username
+                    .clone()
+                    .unwrap_or_else(|| "etcd-steward".into()),
+                ip,
+                extra: self
+                    .tls_san
+                    .iter()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+                validity: validity.as_secs(),
+            },
+        };
+        match issuing.ensure(crate::clock::unix_now()) {
+            Ok(Some(why)) => {
+                tracing::info!(dir = %issuing.out_dir.display(), why = %why, "issued this pod's certificates")
+            }
+            Ok(None) => {}
+            Err(e) => problems.push(format!("--tls-issuer-dir: {e}")),
+        }
+        Some(issuing)
+    }
+
     /// Validates every option; returns all broken constraints at once.
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let mut problems = Vec::new();
@@ -134,24 +204,57 @@ impl CommonArgs {
                 self.data_dir
             ));
         }
+        let issuing = self.issuing(&set_name, ordinal, &service, &domain, &mut problems);
+        let given = [
+            &self.client_cert_file,
+            &self.client_key_file,
+            &self.trusted_ca_file,
+            &self.peer_cert_file,
+            &self.peer_key_file,
+            &self.peer_trusted_ca_file,
+        ];
+        let (client_files, peer_files) = match &issuing {
+            Some(_) if given.iter().any(|f| f.is_some()) => {
+                problems.push("--tls-issuer-dir and the --*-cert-file, --*-key-file and --*trusted-ca-file options exclude each other: the issued certificates are the TLS files".into());
+                (None, None)
+            }
+            Some(iss) => (Some(iss.client_files()), Some(iss.peer_files())),
+            None => (None, None),
+        };
+        let file = |f: &Option<std::path::PathBuf>, issued: Option<std::path::PathBuf>| {
+            issued.or_else(|| f.clone())
+        };
         let client_tls = tls_side(
             ["client-cert-file", "client-key-file", "trusted-ca-file"],
             [
-                &self.client_cert_file,
-                &self.client_key_file,
-                &self.trusted_ca_file,
+                &file(&self.client_cert_file, client_files.as_ref().map(|f| f.cert.clone())),
+                &file(&self.client_key_file, client_files.as_ref().map(|f| f.key.clone())),
+                &file(&self.trusted_ca_file, client_files.as_ref().map(|f| f.ca.clone())),
             ],
             &mut problems,
         );
         let peer_tls = tls_side(
             ["peer-cert-file", "peer-key-file", "peer-trusted-ca-file"],
             [
-                &self.peer_cert_file,
-                &self.peer_key_file,
-                &self.peer_trusted_ca_file,
+                &file(&self.peer_cert_file, peer_files.as_ref().map(|f| f.cert.clone())),
+                &file(&self.peer_key_file, peer_files.as_ref().map(|f| f.key.clone())),
+                &file(&self.peer_trusted_ca_file, peer_files.as_ref().map(|f| f.ca.clone())),
             ],
             &mut problems,
         );
+        let peer_cert_allowed_cn = self
+            .peer_cert_allowed_cn
+            .clone()
+            .filter(|cn| !cn.is_empty())
+            .or_else(|| issuing.as_ref().map(|i| i.subject.peer_cn.clone()));
+        if peer_cert_allowed_cn.is_some() && peer_tls.is_none() && issuing.is_none() {
+            problems.push("--peer-cert-allowed-cn needs peer TLS (--peer-cert-file, --peer-key-file, --peer-trusted-ca-file, or --tls-issuer-dir)".into());
+        }
+        let peer_tls = peer_tls.and_then(|t| {
+            t.admitting_only(peer_cert_allowed_cn.clone())
+                .map_err(|e| problems.push(format!("--peer-cert-file: {e}")))
+                .ok()
+        });
         let auth = match (&self.auth_username, &self.auth_password_file) {
             (None, None) => None,
             (Some(username), Some(file)) => match std::fs::read_to_string(file) {
@@ -229,6 +332,8 @@ impl CommonArgs {
                 auth,
             },
             peer_tls,
+            peer_cert_allowed_cn,
+            issuing,
             peer_report_port,
             control_token,
             backup,

@@ -53,6 +53,10 @@ pub struct Config {
     /// How the agent reaches etcd: client TLS (`--client-*-file`) and credentials.
     pub etcd: crate::etcd::Access,
     pub peer_tls: Option<TlsMaterial>,
+    /// `--tls-issuer-dir`: this pod issues its own certificates (the sidecar renews them).
+    pub issuing: Option<crate::tls::issue::Issuing>,
+    /// `--peer-cert-allowed-cn`: the only peer certificate name etcd and the sidecar admit.
+    pub peer_cert_allowed_cn: Option<String>,
     pub peer_report_port: u16,
     /// `--control-token-file`: the token control requests must carry.
     pub control_token: Option<crate::control::ControlToken>,

@@ -163,6 +163,9 @@ pub fn etcd_argv(
         argv.push(format!("--peer-key-file={}", t.files.key.display()));
         argv.push(format!("--peer-trusted-ca-file={}", t.files.ca.display()));
         argv.push("--peer-client-cert-auth=true".into());
+        if let Some(cn) = &cfg.peer_cert_allowed_cn {
+            argv.push(format!("--peer-cert-allowed-cn={cn}"));
+        }
     }
     match mode {
         StartMode::Restart | StartMode::Restored => {}

@@ -50,6 +50,7 @@ pub const FLAGS: &[Flag] = &[
     flag("peer-key-file", ANY, None),
     flag("peer-trusted-ca-file", ANY, None),
     flag("peer-client-cert-auth", ANY, None),
+    flag("peer-cert-allowed-cn", ANY, None),
     flag("force-new-cluster", ANY, None),
     flag("initial-cluster", ANY, None),
     flag("initial-cluster-state", ANY, None),

@@ -226,6 +226,7 @@ pub async fn observe<D: Dns, C: Connector>(
         scale_in: Default::default(),
         recovery_looks: Vec::new(),
         diverged: false,
+        certificates_due: None,
     }
 }
 

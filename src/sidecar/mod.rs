@@ -137,6 +137,7 @@ where
                     .as_ref()
                     .map(|_| execute::rebuild::Teller::new(cfg)),
                 corruption,
+                certificates: cfg.issuing.clone(),
             },
             previous: Vec::new(),
             health: watch::channel(Health::starting()).0,
@@ -341,6 +342,9 @@ pub fn planners(cfg: &Config, registry: &mut Registry) -> Vec<Box<dyn Planner>> 
             cfg.identity.name(),
             after,
         )));
+    }
+    if cfg.issuing.is_some() {
+        planners.push(Box::new(plan::certificates::Certificates::default()));
     }
     planners
 }

@@ -25,7 +25,12 @@ impl Set {
             args.push(format!("--learner-stall-timeout={t}"));
         }
         args.push(format!("--cluster-domain={DOMAIN}"));
-        args.extend(self.pki.iter().flat_map(Pki::args));
+        args.extend(
+            self.pki
+                .iter()
+                .flat_map(Pki::args)
+                .map(|a| a.replace("{ordinal}", &o.to_string())),
+        );
         args.extend(
             self.control_token
                 .iter()
@@ -349,6 +354,15 @@ impl Set {
             DOMAIN,
             Some(until),
         )
+    }
+
+    /// The pods issue their own certificates from CAs the set makes now
+    /// ([`Pki::generate_issuer`], `--tls-issuer-dir`), instead of the set's shared files; the
+    /// harness's clients use a client certificate of the same CA. Before any pod starts.
+    pub fn issue_own_certificates(&mut self) -> Result<()> {
+        let pki = Pki::generate_issuer(&self.root_path.join("pki-issuer"), SERVICE, "default", DOMAIN)?;
+        self.pki = Some(pki);
+        self.reload_client_tls()
     }
 
     /// The harness's own etcd clients connect with the certificates the set's files hold now

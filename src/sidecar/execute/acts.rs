@@ -38,7 +38,8 @@ pub fn event_of(outcome: &Outcome) -> Option<(Reason, String)> {
         | Step::DisarmNospace
         | Step::DisarmCorrupt
         | Step::TellRebuild { .. }
-        | Step::CheckHashes { .. } => return None,
+        | Step::CheckHashes { .. }
+        | Step::IssueCertificates { .. } => return None,
     })
 }
 

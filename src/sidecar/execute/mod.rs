@@ -48,6 +48,8 @@ pub struct Jobs {
     /// With `--corruption-check-interval`: hands a diverged member's sidecar its rebuild
     /// request.
     pub rebuild: Option<rebuild::Teller>,
+    /// With `--tls-issuer-dir`: this pod's certificates, issued again when due.
+    pub certificates: Option<crate::tls::issue::Issuing>,
 }
 
 impl Jobs {
@@ -78,6 +80,7 @@ impl Jobs {
         if let Some(duty) = &mut self.auto_recover {
             seen.recovery_looks = duty.looks();
         }
+        seen.certificates_due = self.certificates.as_ref().and_then(|i| i.due(seen.unix));
     }
 
     /// What came of a step, for the jobs' own metrics.
@@ -221,6 +224,19 @@ pub async fn execute<D: Dns, C: Connector>(
             }),
             Err(e) => Err(e),
         },
+        Step::IssueCertificates { .. } => match &jobs.certificates {
+            Some(issuing) => issuing
+                .ensure(crate::clock::unix_now())
+                .map(|_| ())
+                .map_err(|e| EtcdError::Other {
+                    endpoint: issuing.out_dir.display().to_string(),
+                    detail: e.to_string(),
+                }),
+            None => Err(EtcdError::Other {
+                endpoint: String::new(),
+                detail: "no certificates are issued here (--tls-issuer-dir)".into(),
+            }),
+        },
         Step::DisarmNospace => match conn.local().await {
             Ok(local) => local.disarm(crate::etcd::Alarm::Nospace).await.map(|n| {
                 if n > 0 {
@@ -335,6 +351,12 @@ fn log(outcome: &Outcome) {
         Outcome::Failed(Step::OfferRecovery { id, .. }, error) => {
             tracing::warn!(recovery = %id, %error, "auto-recover: the request was not handed over");
         }
+        Outcome::Done(Step::IssueCertificates { why }) => {
+            tracing::info!(why = %why, "this pod's certificates issued again; etcd and the agent use them from their next handshake, nothing restarts");
+        }
+        Outcome::Failed(Step::IssueCertificates { why }, error) => {
+            tracing::warn!(why = %why, %error, "this pod's certificates could not be issued again; trying again in a minute (the old ones stay in use)");
+        }
         Outcome::Failed(Step::DisarmNospace, error) => {
             tracing::warn!(%error, "could not disarm NOSPACE; retrying");
         }
@@ -350,7 +372,8 @@ fn log(outcome: &Outcome) {
             | Step::TellRebuild { .. }
             | Step::RemoveMember { .. }
             | Step::CheckHashes { .. }
-            | Step::OfferRecovery { .. },
+            | Step::OfferRecovery { .. }
+            | Step::IssueCertificates { .. },
         )
         | Outcome::NotYet(
             Step::RemoveLearner { .. }
@@ -363,7 +386,8 @@ fn log(outcome: &Outcome) {
             | Step::TellRebuild { .. }
             | Step::RemoveMember { .. }
             | Step::CheckHashes { .. }
-            | Step::OfferRecovery { .. },
+            | Step::OfferRecovery { .. }
+            | Step::IssueCertificates { .. },
         ) => {}
     }
 }

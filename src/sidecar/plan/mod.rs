@@ -9,6 +9,7 @@
 pub mod archive;
 pub mod auto_recover;
 pub mod backup;
+pub mod certificates;
 pub mod corruption;
 pub mod defrag;
 pub mod evict;

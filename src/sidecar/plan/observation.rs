@@ -64,6 +64,9 @@ pub struct Observation {
     /// The newest corruption check that judged this member found its data diverged from
     /// the majority's (filled in by the loop): no snapshot is taken through it.
     pub diverged: bool,
+    /// With `--tls-issuer-dir`: why this pod's certificates must be issued again, when they
+    /// must (filled in by the loop).
+    pub certificates_due: Option<String>,
 }
 
 impl Observation {
@@ -95,6 +98,7 @@ impl Observation {
             scale_in: Default::default(),
             recovery_looks: Vec::new(),
             diverged: false,
+            certificates_due: None,
         }
     }
 
@@ -300,6 +304,9 @@ pub enum Step {
     /// Deactivate every CORRUPT alarm, through the local member: every voter answered the
     /// majority's hash.
     DisarmCorrupt,
+    /// Issue this pod's certificates again from the CAs (`--tls-issuer-dir`; see
+    /// `plan::certificates`).
+    IssueCertificates { why: String },
 }
 
 /// Why a step is intended: the log says it, tests match on it.
