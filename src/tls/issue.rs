@@ -549,15 +549,27 @@ mod tests {
     }
 
     #[test]
-    fn a_pkcs1_rsa_key_is_wrapped_as_the_pkcs8_ring_reads() {
-        // The smallest PKCS#1 body is not needed: the wrapping is checked by its framing,
-        // and Helm's own RSA CA is issued from in tests/chart.rs.
-        let wrapped = pkcs1_to_pkcs8(&[0x30, 0x03, 0x02, 0x01, 0x00]);
-        assert_eq!(&wrapped[..2], &[0x30, 25]);
-        assert_eq!(&wrapped[2..5], &[0x02, 0x01, 0x00]);
-        assert_eq!(&wrapped[20..22], &[0x04, 5]);
-        let long = pkcs1_to_pkcs8(&vec![0u8; 1200]);
-        assert_eq!(&long[..4], &[0x30, 0x82, 0x04, 0xc2]);
+    fn a_ca_with_a_pkcs1_rsa_key_as_helm_makes_it_issues_certificates_of_that_ca() {
+        // Made by `openssl genrsa -traditional` and `openssl req -x509`: an `RSA PRIVATE KEY`
+        // as Helm's genCA writes it.
+        let root = tempfile::tempdir().unwrap();
+        let iss = issuing(root.path());
+        for side in Side::BOTH {
+            let (cert, key) = side.ca_files();
+            std::fs::write(iss.issuer_dir.join(cert), include_str!("testdata/rsa-ca.crt")).unwrap();
+            std::fs::write(iss.issuer_dir.join(key), include_str!("testdata/rsa-ca.key")).unwrap();
+        }
+        assert!(include_str!("testdata/rsa-ca.key").starts_with("-----BEGIN RSA PRIVATE KEY"));
+        iss.ensure(NOW).unwrap();
+        for files in [iss.peer_files(), iss.client_files()] {
+            let m = super::super::TlsMaterial::load(&files).unwrap();
+            assert_eq!(m.current().0.unusable(NOW), None);
+            let (cert_der, ca_der) = (leaf(&files.cert), leaf(&files.ca));
+            let (_, cert) = x509_parser::parse_x509_certificate(&cert_der).unwrap();
+            let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).unwrap();
+            // Signed by the RSA CA's key: the signature verifies with its public key.
+            cert.verify_signature(Some(ca.public_key())).unwrap();
+        }
     }
 
     #[test]
