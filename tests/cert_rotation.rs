@@ -237,7 +237,9 @@ async fn served(set: &Set, o: u32, port: u16, tls: &Arc<rustls::ClientConfig>) -
     let mut fresh = (**tls).clone();
     fresh.resumption = rustls::client::Resumption::disabled();
     let tls = &Arc::new(fresh);
-    let tcp = tokio::net::TcpStream::connect((set.pod(o).ip, port)).await.ok()?;
+    let tcp = tokio::net::TcpStream::connect((set.pod(o).ip, port))
+        .await
+        .ok()?;
     let name = rustls_pki_types::ServerName::try_from(set.host(o)).ok()?;
     let conn = tokio::time::timeout(
         Duration::from_secs(3),
@@ -252,12 +254,25 @@ async fn served(set: &Set, o: u32, port: u16, tls: &Arc<rustls::ClientConfig>) -
 
 /// GET `path` on pod `o`'s `port` over mutual TLS with `tls`: its status, or `None` when the
 /// handshake (or the request) failed.
-async fn get_status(set: &Set, o: u32, port: u16, path: &str, tls: &Arc<rustls::ClientConfig>) -> Option<u16> {
+async fn get_status(
+    set: &Set,
+    o: u32,
+    port: u16,
+    path: &str,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Option<u16> {
     let addr = SocketAddr::new(IpAddr::V4(set.pod(o).ip), port);
-    get_with(addr, &set.host(o), path, Duration::from_secs(3), 1 << 16, Some(tls))
-        .await
-        .ok()
-        .map(|(code, _)| code)
+    get_with(
+        addr,
+        &set.host(o),
+        path,
+        Duration::from_secs(3),
+        1 << 16,
+        Some(tls),
+    )
+    .await
+    .ok()
+    .map(|(code, _)| code)
 }
 
 /// The DNS names and addresses of a certificate (DER).
@@ -302,12 +317,18 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
         // Its client port and its peer port each present a certificate of this pod.
         let client_cert = served(&set, o, 2379, &client).await.expect("client port");
         let peer_cert = served(&set, o, 2380, &peer).await.expect("peer port");
-        assert!(names(&client_cert).contains(&host), "{:?}", names(&client_cert));
+        assert!(
+            names(&client_cert).contains(&host),
+            "{:?}",
+            names(&client_cert)
+        );
         let peer_names = names(&peer_cert);
         assert!(peer_names.contains(&host), "{peer_names:?}");
         for other in (0..3).filter(|p| *p != o) {
             assert!(
-                !peer_names.iter().any(|n| n.contains(&format!("etcd-{other}."))),
+                !peer_names
+                    .iter()
+                    .any(|n| n.contains(&format!("etcd-{other}."))),
                 "pod {o}'s peer certificate names pod {other}: {peer_names:?}"
             );
         }
@@ -317,10 +338,22 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
         );
         // A certificate of the peer CA under another name is no peer: etcd and the sidecar
         // refuse it; the set's peer name is admitted.
-        assert_eq!(get_status(&set, o, 2380, "/version", &peer).await, Some(200), "pod {o}");
-        assert_eq!(get_status(&set, o, 2380, "/version", &stranger).await, None, "pod {o}: etcd admitted a stranger");
+        assert_eq!(
+            get_status(&set, o, 2380, "/version", &peer).await,
+            Some(200),
+            "pod {o}"
+        );
+        assert_eq!(
+            get_status(&set, o, 2380, "/version", &stranger).await,
+            None,
+            "pod {o}: etcd admitted a stranger"
+        );
         assert_eq!(report_status(&set, o, &peer).await, Some(200), "pod {o}");
-        assert_eq!(report_status(&set, o, &stranger).await, None, "pod {o}: the sidecar admitted a stranger");
+        assert_eq!(
+            report_status(&set, o, &stranger).await,
+            None,
+            "pod {o}: the sidecar admitted a stranger"
+        );
         first.push((client_cert, peer_cert));
     }
 
@@ -344,10 +377,19 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
     )
     .await;
     for o in 0..3 {
-        assert_eq!(set.etcd_pid(o), etcds[o as usize], "pod {o}: etcd restarted");
-        assert_eq!(set.sidecar_pid(o), sidecars[o as usize], "pod {o}: the sidecar restarted");
+        assert_eq!(
+            set.etcd_pid(o),
+            etcds[o as usize],
+            "pod {o}: etcd restarted"
+        );
+        assert_eq!(
+            set.sidecar_pid(o),
+            sidecars[o as usize],
+            "pod {o}: the sidecar restarted"
+        );
         assert!(
-            set.read_logs(o, "sidecar").contains("certificates issued again"),
+            set.read_logs(o, "sidecar")
+                .contains("certificates issued again"),
             "pod {o}: the sidecar says it renewed them"
         );
     }
@@ -355,7 +397,11 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
     // reach etcd with theirs.
     set.put_keys("renewed", 5).await.unwrap();
     for o in 0..3 {
-        assert_eq!(set.count_keys_on(o, "renewed/").await.unwrap_or(-1), 5, "pod {o}");
+        assert_eq!(
+            set.count_keys_on(o, "renewed/").await.unwrap_or(-1),
+            5,
+            "pod {o}"
+        );
     }
     set.wait_ready(&[0, 1, 2], 3, HEAL).await.unwrap();
     set.shutdown().await;

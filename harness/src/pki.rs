@@ -130,7 +130,12 @@ impl Pki {
     /// harness's own certificates from them: `client.pem` (its etcd client), `peer.pem`
     /// with the set's peer name `<service>-peer` (what the sidecars admit), and
     /// `stranger.pem`, signed by the peer CA under another name.
-    pub fn generate_issuer(dir: &Path, service: &str, namespace: &str, domain: &str) -> Result<Pki> {
+    pub fn generate_issuer(
+        dir: &Path,
+        service: &str,
+        namespace: &str,
+        domain: &str,
+    ) -> Result<Pki> {
         let issuer_dir = dir.join("issuer");
         std::fs::create_dir_all(&issuer_dir)
             .map_err(Error::io(format!("creating {}", issuer_dir.display())))?;
@@ -145,10 +150,20 @@ impl Pki {
         for (name, ca) in [("client-ca", &client_ca), ("peer-ca", &peer_ca)] {
             write(dir.join(format!("{name}.pem")), ca.pem())?;
             write(issuer_dir.join(format!("{name}.crt")), ca.pem())?;
-            write(issuer_dir.join(format!("{name}.key")), ca.key().serialize_pem())?;
+            write(
+                issuer_dir.join(format!("{name}.key")),
+                ca.key().serialize_pem(),
+            )?;
         }
         leaf(dir, "client", &sans, &client_ca, None)?;
-        leaf_named(dir, "peer", &format!("{service}-peer"), &sans, &peer_ca, None)?;
+        leaf_named(
+            dir,
+            "peer",
+            &format!("{service}-peer"),
+            &sans,
+            &peer_ca,
+            None,
+        )?;
         leaf_named(dir, "stranger", "not-a-peer", &sans, &peer_ca, None)?;
         leaf(dir, "outsider", &sans, &other_ca, None)?;
         Ok(Pki {

@@ -227,18 +227,36 @@ impl CommonArgs {
         let client_tls = tls_side(
             ["client-cert-file", "client-key-file", "trusted-ca-file"],
             [
-                &file(&self.client_cert_file, client_files.as_ref().map(|f| f.cert.clone())),
-                &file(&self.client_key_file, client_files.as_ref().map(|f| f.key.clone())),
-                &file(&self.trusted_ca_file, client_files.as_ref().map(|f| f.ca.clone())),
+                &file(
+                    &self.client_cert_file,
+                    client_files.as_ref().map(|f| f.cert.clone()),
+                ),
+                &file(
+                    &self.client_key_file,
+                    client_files.as_ref().map(|f| f.key.clone()),
+                ),
+                &file(
+                    &self.trusted_ca_file,
+                    client_files.as_ref().map(|f| f.ca.clone()),
+                ),
             ],
             &mut problems,
         );
         let peer_tls = tls_side(
             ["peer-cert-file", "peer-key-file", "peer-trusted-ca-file"],
             [
-                &file(&self.peer_cert_file, peer_files.as_ref().map(|f| f.cert.clone())),
-                &file(&self.peer_key_file, peer_files.as_ref().map(|f| f.key.clone())),
-                &file(&self.peer_trusted_ca_file, peer_files.as_ref().map(|f| f.ca.clone())),
+                &file(
+                    &self.peer_cert_file,
+                    peer_files.as_ref().map(|f| f.cert.clone()),
+                ),
+                &file(
+                    &self.peer_key_file,
+                    peer_files.as_ref().map(|f| f.key.clone()),
+                ),
+                &file(
+                    &self.peer_trusted_ca_file,
+                    peer_files.as_ref().map(|f| f.ca.clone()),
+                ),
             ],
             &mut problems,
         );

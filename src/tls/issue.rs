@@ -227,11 +227,12 @@ fn sign(
         detail: e.to_string(),
     };
     let at = |unix: u64| {
-        time::OffsetDateTime::from_unix_timestamp(i64::try_from(unix).unwrap_or(i64::MAX))
-            .map_err(|e| IssueError::Sign {
+        time::OffsetDateTime::from_unix_timestamp(i64::try_from(unix).unwrap_or(i64::MAX)).map_err(
+            |e| IssueError::Sign {
                 what: side.name(),
                 detail: e.to_string(),
-            })
+            },
+        )
     };
     let mut params = CertificateParams::new(subject.sans(side)).map_err(failed)?;
     let mut dn = DistinguishedName::new();
@@ -302,9 +303,7 @@ impl Issuing {
         match record.and_then(|r| serde_json::from_slice::<Subject>(&r).ok()) {
             None => return Some("no certificates issued yet".into()),
             Some(s) if s != self.subject => {
-                return Some(
-                    "the certificates there name another pod, address or validity".into(),
-                )
+                return Some("the certificates there name another pod, address or validity".into())
             }
             Some(_) => {}
         }
@@ -556,8 +555,16 @@ mod tests {
         let iss = issuing(root.path());
         for side in Side::BOTH {
             let (cert, key) = side.ca_files();
-            std::fs::write(iss.issuer_dir.join(cert), include_str!("testdata/rsa-ca.crt")).unwrap();
-            std::fs::write(iss.issuer_dir.join(key), include_str!("testdata/rsa-ca.key")).unwrap();
+            std::fs::write(
+                iss.issuer_dir.join(cert),
+                include_str!("testdata/rsa-ca.crt"),
+            )
+            .unwrap();
+            std::fs::write(
+                iss.issuer_dir.join(key),
+                include_str!("testdata/rsa-ca.key"),
+            )
+            .unwrap();
         }
         assert!(include_str!("testdata/rsa-ca.key").starts_with("-----BEGIN RSA PRIVATE KEY"));
         iss.ensure(NOW).unwrap();

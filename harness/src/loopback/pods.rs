@@ -360,7 +360,12 @@ impl Set {
     /// ([`Pki::generate_issuer`], `--tls-issuer-dir`), instead of the set's shared files; the
     /// harness's clients use a client certificate of the same CA. Before any pod starts.
     pub fn issue_own_certificates(&mut self) -> Result<()> {
-        let pki = Pki::generate_issuer(&self.root_path.join("pki-issuer"), SERVICE, "default", DOMAIN)?;
+        let pki = Pki::generate_issuer(
+            &self.root_path.join("pki-issuer"),
+            SERVICE,
+            "default",
+            DOMAIN,
+        )?;
         self.pki = Some(pki);
         self.reload_client_tls()
     }

@@ -71,7 +71,10 @@ mod tests {
         let mut p = Certificates::default();
         let step = Step::IssueCertificates { why: "x".into() };
         p.learned(&Outcome::Failed(step.clone(), "disk full".into()), now);
-        assert_eq!(p.plan(&due(now + Duration::from_secs(59), Some("x"))), vec![]);
+        assert_eq!(
+            p.plan(&due(now + Duration::from_secs(59), Some("x"))),
+            vec![]
+        );
         assert_eq!(
             p.plan(&due(now + Duration::from_secs(60), Some("x"))),
             vec![step]
