@@ -304,6 +304,7 @@ expect_kinds = {
     "defaults": base_kinds,
     "tls-secrets": base_kinds,
     "tls-cert-manager": sorted(base_kinds + ["Certificate", "Certificate"]),
+    "tls-issued": sorted(base_kinds + ["Secret", "Secret"]),
     "auth": base_kinds,
     "backups-s3": sorted(base_kinds + ["PrometheusRule"]),
     "backups-file": base_kinds,
@@ -326,6 +327,30 @@ if vols["peer-tls"]["secret"]["secretName"] != "my-peer-tls" or vols["client-tls
     problem("tls-secrets: the volumes do not mount tls.peerSecret / tls.clientSecret")
 if "peer-report" not in {p["name"] for p in cs["sidecar"]["ports"]}:
     problem("tls-secrets: the sidecar does not declare its peer-report port")
+
+docs, sts, pod, cs, vols = the("tls-issued")
+secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+ca = secrets.get("etcd-ca")
+if ca is None or sorted(ca["data"]) != ["client-ca.crt", "client-ca.key", "peer-ca.crt", "peer-ca.key"]:
+    problem("tls-issued: no Secret etcd-ca with the two CAs (peer-ca.crt/.key, client-ca.crt/.key)")
+elif ca["metadata"].get("annotations", {}).get("helm.sh/resource-policy") != "keep":
+    problem("tls-issued: the CA Secret is not kept on uninstall (helm.sh/resource-policy: keep)")
+api = secrets.get("etcd-apiserver-etcd-client")
+if api is None or api["type"] != "kubernetes.io/tls" or sorted(api["data"]) != ["ca.crt", "tls.crt", "tls.key"]:
+    problem("tls-issued: no kubernetes.io/tls Secret etcd-apiserver-etcd-client for the API servers")
+elif ca is not None and api["data"]["ca.crt"] != ca["data"]["client-ca.crt"]:
+    problem("tls-issued: the API servers' CA is not the client CA")
+if vols.get("tls-ca", {}).get("secret", {}).get("secretName") != "etcd-ca" or "emptyDir" not in vols.get("issued-tls", {}):
+    problem("tls-issued: the pods do not mount the CA Secret and an emptyDir for the issued certificates")
+for name in ("etcd", "sidecar"):
+    env = {e["name"]: e.get("value") for e in cs[name].get("env", [])}
+    mounts = {m["name"]: m["mountPath"] for m in cs[name]["volumeMounts"]}
+    if env.get("ETCD_STEWARD_TLS_ISSUER_DIR") != mounts.get("tls-ca") or env.get("ETCD_STEWARD_TLS_ISSUED_DIR") != mounts.get("issued-tls"):
+        problem(f"tls-issued: container {name} is not given the mounted CA and issued directories")
+    if "ETCD_STEWARD_PEER_CERT_FILE" in env or "client-tls" in mounts:
+        problem(f"tls-issued: container {name} still gets the TLS Secrets' files")
+    if "etcd-client.etcd.svc" not in (env.get("ETCD_STEWARD_TLS_SAN") or "").split(","):
+        problem(f"tls-issued: container {name}'s certificates do not name the client Service")
 
 docs, sts, pod, cs, vols = the("tls-cert-manager")
 certs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}

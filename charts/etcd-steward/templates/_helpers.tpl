@@ -245,6 +245,10 @@ imagePullSecrets:
 {{- with $a }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
+{{- define "etcd-steward.caSecret" -}}
+{{ default (printf "%s-ca" (include "etcd-steward.name" .)) .Values.tls.issued.caSecret }}
+{{- end -}}
+
 {{- define "etcd-steward.peerSecret" -}}
 {{ default (printf "%s-peer-tls" (include "etcd-steward.name" .)) .Values.tls.peerSecret }}
 {{- end -}}
@@ -283,6 +287,12 @@ Configuration checks the schema cannot express; each fails the render with what 
 {{- define "etcd-steward.validate" -}}
 {{- if gt (int .Values.initialReplicas) (int .Values.replicas) -}}
 {{- fail (printf "initialReplicas (%d) exceeds replicas (%d): the pods that form the cluster must all exist; to scale down, see docs/operations/kubernetes.md (Scale down)" (int .Values.initialReplicas) (int .Values.replicas)) -}}
+{{- end -}}
+{{- if and .Values.tls.issued.enabled (not .Values.tls.enabled) -}}
+{{- fail "tls.issued.enabled needs tls.enabled" -}}
+{{- end -}}
+{{- if and .Values.tls.issued.enabled .Values.tls.certManager.enabled -}}
+{{- fail "tls.issued.enabled and tls.certManager.enabled exclude each other: the pods issue their own certificates, or cert-manager does" -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
 {{- fail "tls.certManager.enabled needs tls.enabled" -}}
@@ -373,7 +383,17 @@ auth when on. Both containers must derive the same cluster from it.
 - name: ETCD_STEWARD_CLUSTER_DOMAIN
   value: {{ .Values.clusterDomain | quote }}
 {{- end }}
-{{- if .Values.tls.enabled }}
+{{- if and .Values.tls.enabled .Values.tls.issued.enabled }}
+{{- $name := include "etcd-steward.name" . }}
+- name: ETCD_STEWARD_TLS_ISSUER_DIR
+  value: /etc/etcd/tls/ca
+- name: ETCD_STEWARD_TLS_ISSUED_DIR
+  value: /var/run/etcd-steward/tls
+- name: ETCD_STEWARD_TLS_ISSUED_VALIDITY
+  value: {{ .Values.tls.issued.validity | quote }}
+- name: ETCD_STEWARD_TLS_SAN
+  value: "{{ $name }}-client,{{ $name }}-client.{{ .Release.Namespace }},{{ $name }}-client.{{ .Release.Namespace }}.svc,{{ $name }}-client.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}"
+{{- else if .Values.tls.enabled }}
 - name: ETCD_STEWARD_CLIENT_CERT_FILE
   value: /etc/etcd/tls/client/tls.crt
 - name: ETCD_STEWARD_CLIENT_KEY_FILE
@@ -407,7 +427,13 @@ auth when on. Both containers must derive the same cluster from it.
   mountPath: /var/run/etcd-steward/control
   readOnly: true
 {{- end }}
-{{- if .Values.tls.enabled }}
+{{- if and .Values.tls.enabled .Values.tls.issued.enabled }}
+- name: tls-ca
+  mountPath: /etc/etcd/tls/ca
+  readOnly: true
+- name: issued-tls
+  mountPath: /var/run/etcd-steward/tls
+{{- else if .Values.tls.enabled }}
 - name: client-tls
   mountPath: /etc/etcd/tls/client
   readOnly: true
