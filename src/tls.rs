@@ -373,7 +373,10 @@ impl TlsMaterial {
         TlsMaterial::load_admitting(files, None)
     }
 
-    fn load_admitting(files: &TlsFiles, admit: Option<Arc<str>>) -> Result<Self, TlsError> {
+    /// As [`TlsMaterial::load`], serving only clients whose certificate's common name is
+    /// `admit` (`None`: any the CA signed).
+    pub fn load_admitting(files: &TlsFiles, admit: Option<&str>) -> Result<Self, TlsError> {
+        let admit: Option<Arc<str>> = admit.map(Arc::from);
         let seen = stamps(files);
         let loaded = Loaded::read(files, admit.as_ref())?;
         Ok(TlsMaterial {
@@ -386,15 +389,6 @@ impl TlsMaterial {
             refused: Arc::default(),
             admit,
         })
-    }
-
-    /// The same files, serving only clients whose certificate's common name is `cn`
-    /// (`None`: any the CA signed). Read again now: on a read that fails the files' error.
-    pub fn admitting_only(self, cn: Option<String>) -> Result<Self, TlsError> {
-        match cn {
-            None => Ok(self),
-            Some(cn) => TlsMaterial::load_admitting(&self.files, Some(Arc::from(cn))),
-        }
     }
 
     /// The material to use now, and its version: the files are read again if they changed

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_steward::http_client::get_with;
+use etcd_steward::tls::issue::{common_names, subject_alt_names};
 use etcd_steward::tls::{TlsFiles, TlsMaterial};
 use harness::client::sample;
 use harness::loopback::Set;
@@ -275,23 +276,6 @@ async fn get_status(
     .map(|(code, _)| code)
 }
 
-/// The DNS names and addresses of a certificate (DER).
-fn names(der: &[u8]) -> Vec<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
-    let san = cert.subject_alternative_name().unwrap().unwrap();
-    san.value
-        .general_names
-        .iter()
-        .map(|n| match n {
-            x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
-            x509_parser::extensions::GeneralName::IPAddress(ip) if ip.len() == 4 => {
-                IpAddr::from(<[u8; 4]>::try_from(*ip).unwrap()).to_string()
-            }
-            other => format!("{other:?}"),
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etcd_or_the_agent() {
     let mut set = Set::new(STEWARD, Etcd::V3_5Tls, 3).await.unwrap();
@@ -318,11 +302,11 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
         let client_cert = served(&set, o, 2379, &client).await.expect("client port");
         let peer_cert = served(&set, o, 2380, &peer).await.expect("peer port");
         assert!(
-            names(&client_cert).contains(&host),
+            subject_alt_names(&client_cert).contains(&host),
             "{:?}",
-            names(&client_cert)
+            subject_alt_names(&client_cert)
         );
-        let peer_names = names(&peer_cert);
+        let peer_names = subject_alt_names(&peer_cert);
         assert!(peer_names.contains(&host), "{peer_names:?}");
         for other in (0..3).filter(|p| *p != o) {
             assert!(
@@ -332,10 +316,7 @@ async fn pods_issue_their_own_certificates_and_renew_them_without_restarting_etc
                 "pod {o}'s peer certificate names pod {other}: {peer_names:?}"
             );
         }
-        assert_eq!(
-            etcd_steward::tls::issue::common_names(&peer_cert),
-            vec!["etcd-peer".to_string()]
-        );
+        assert_eq!(common_names(&peer_cert), vec!["etcd-peer".to_string()]);
         // A certificate of the peer CA under another name is no peer: etcd and the sidecar
         // refuse it; the set's peer name is admitted.
         assert_eq!(

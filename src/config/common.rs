@@ -205,74 +205,45 @@ impl CommonArgs {
             ));
         }
         let issuing = self.issuing(&set_name, ordinal, &service, &domain, &mut problems);
-        let given = [
-            &self.client_cert_file,
-            &self.client_key_file,
-            &self.trusted_ca_file,
-            &self.peer_cert_file,
-            &self.peer_key_file,
-            &self.peer_trusted_ca_file,
+        let client_given = [
+            self.client_cert_file.clone(),
+            self.client_key_file.clone(),
+            self.trusted_ca_file.clone(),
         ];
+        let peer_given = [
+            self.peer_cert_file.clone(),
+            self.peer_key_file.clone(),
+            self.peer_trusted_ca_file.clone(),
+        ];
+        let issued = |f: crate::tls::TlsFiles| [Some(f.cert), Some(f.key), Some(f.ca)];
         let (client_files, peer_files) = match &issuing {
-            Some(_) if given.iter().any(|f| f.is_some()) => {
+            Some(_) if client_given.iter().chain(&peer_given).any(Option::is_some) => {
                 problems.push("--tls-issuer-dir and the --*-cert-file, --*-key-file and --*trusted-ca-file options exclude each other: the issued certificates are the TLS files".into());
-                (None, None)
+                (Default::default(), Default::default())
             }
-            Some(iss) => (Some(iss.client_files()), Some(iss.peer_files())),
-            None => (None, None),
+            Some(iss) => (issued(iss.client_files()), issued(iss.peer_files())),
+            None => (client_given, peer_given),
         };
-        let file = |f: &Option<std::path::PathBuf>, issued: Option<std::path::PathBuf>| {
-            issued.or_else(|| f.clone())
-        };
-        let client_tls = tls_side(
-            ["client-cert-file", "client-key-file", "trusted-ca-file"],
-            [
-                &file(
-                    &self.client_cert_file,
-                    client_files.as_ref().map(|f| f.cert.clone()),
-                ),
-                &file(
-                    &self.client_key_file,
-                    client_files.as_ref().map(|f| f.key.clone()),
-                ),
-                &file(
-                    &self.trusted_ca_file,
-                    client_files.as_ref().map(|f| f.ca.clone()),
-                ),
-            ],
-            &mut problems,
-        );
-        let peer_tls = tls_side(
-            ["peer-cert-file", "peer-key-file", "peer-trusted-ca-file"],
-            [
-                &file(
-                    &self.peer_cert_file,
-                    peer_files.as_ref().map(|f| f.cert.clone()),
-                ),
-                &file(
-                    &self.peer_key_file,
-                    peer_files.as_ref().map(|f| f.key.clone()),
-                ),
-                &file(
-                    &self.peer_trusted_ca_file,
-                    peer_files.as_ref().map(|f| f.ca.clone()),
-                ),
-            ],
-            &mut problems,
-        );
         let peer_cert_allowed_cn = self
             .peer_cert_allowed_cn
             .clone()
             .filter(|cn| !cn.is_empty())
             .or_else(|| issuing.as_ref().map(|i| i.subject.peer_cn.clone()));
-        if peer_cert_allowed_cn.is_some() && peer_tls.is_none() && issuing.is_none() {
+        if peer_cert_allowed_cn.is_some() && peer_files.iter().all(Option::is_none) {
             problems.push("--peer-cert-allowed-cn needs peer TLS (--peer-cert-file, --peer-key-file, --peer-trusted-ca-file, or --tls-issuer-dir)".into());
         }
-        let peer_tls = peer_tls.and_then(|t| {
-            t.admitting_only(peer_cert_allowed_cn.clone())
-                .map_err(|e| problems.push(format!("--peer-cert-file: {e}")))
-                .ok()
-        });
+        let client_tls = tls_side(
+            ["client-cert-file", "client-key-file", "trusted-ca-file"],
+            &client_files,
+            None,
+            &mut problems,
+        );
+        let peer_tls = tls_side(
+            ["peer-cert-file", "peer-key-file", "peer-trusted-ca-file"],
+            &peer_files,
+            peer_cert_allowed_cn.as_deref(),
+            &mut problems,
+        );
         let auth = match (&self.auth_username, &self.auth_password_file) {
             (None, None) => None,
             (Some(username), Some(file)) => match std::fs::read_to_string(file) {

@@ -21,10 +21,12 @@ pub fn duration_at_least(
         .ok()
 }
 
-/// Loads one side's TLS files: all three or none.
+/// Loads one side's TLS files: all three or none; as a server admitting only client
+/// certificates named `admit`, when given (`--peer-cert-allowed-cn`).
 pub fn tls_side(
     names: [&str; 3],
-    files: [&Option<PathBuf>; 3],
+    files: &[Option<PathBuf>; 3],
+    admit: Option<&str>,
     problems: &mut Vec<String>,
 ) -> Option<TlsMaterial> {
     match files {
@@ -35,7 +37,7 @@ pub fn tls_side(
                 key: key.clone(),
                 ca: ca.clone(),
             };
-            match TlsMaterial::load(&files) {
+            match TlsMaterial::load_admitting(&files, admit) {
                 Ok(m) => Some(m),
                 Err(e) => {
                     problems.push(format!("--{}: {e}", names[0]));

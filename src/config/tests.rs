@@ -534,3 +534,26 @@ fn corruption_check_interval_zero_turns_the_check_off_and_a_bad_one_is_named() {
         );
     }
 }
+
+#[test]
+fn issued_certificates_exclude_given_tls_files_and_a_pinned_peer_name_needs_peer_tls() {
+    let problems = |args: &[&str]| {
+        let mut full = vec!["--name", "etcd-0", "--replicas", "3"];
+        full.extend_from_slice(args);
+        match common(&full).validate() {
+            Ok(_) => panic!("accepted {args:?}"),
+            Err(e) => e.problems.join("; "),
+        }
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let issuer = format!("--tls-issuer-dir={}", dir.path().display());
+    let p = problems(&[issuer.as_str(), "--peer-cert-file=/x"]);
+    assert!(p.contains("exclude each other"), "{p}");
+    // A CA that is not there is named, not issued from.
+    assert!(
+        p.contains("peer-ca.crt") || p.contains("peer-ca.key"),
+        "{p}"
+    );
+    let p = problems(&["--peer-cert-allowed-cn=etcd-peer"]);
+    assert!(p.contains("--peer-cert-allowed-cn needs peer TLS"), "{p}");
+}

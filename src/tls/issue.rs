@@ -383,6 +383,34 @@ impl Issuing {
     }
 }
 
+/// The DNS names and IP addresses a certificate (DER) carries, as text; empty when it does
+/// not parse or carries none.
+pub fn subject_alt_names(der: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+            x509_parser::extensions::GeneralName::IPAddress(ip) => match ip.len() {
+                4 => <[u8; 4]>::try_from(*ip)
+                    .ok()
+                    .map(|a| IpAddr::from(a).to_string()),
+                16 => <[u8; 16]>::try_from(*ip)
+                    .ok()
+                    .map(|a| IpAddr::from(a).to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 /// The common names of a certificate's subject (DER), for pinning a peer's identity.
 pub fn common_names(der: &[u8]) -> Vec<String> {
     match x509_parser::parse_x509_certificate(der) {
@@ -446,23 +474,6 @@ mod tests {
             .to_vec()
     }
 
-    fn sans(der: &[u8]) -> Vec<String> {
-        let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
-        let ext = cert.subject_alternative_name().unwrap().unwrap();
-        ext.value
-            .general_names
-            .iter()
-            .map(|n| match n {
-                x509_parser::extensions::GeneralName::DNSName(d) => d.to_string(),
-                x509_parser::extensions::GeneralName::IPAddress(ip) => match ip.len() {
-                    4 => IpAddr::from(<[u8; 4]>::try_from(*ip).unwrap()).to_string(),
-                    _ => IpAddr::from(<[u8; 16]>::try_from(*ip).unwrap()).to_string(),
-                },
-                other => format!("{other:?}"),
-            })
-            .collect()
-    }
-
     #[test]
     fn a_pods_peer_certificate_names_that_pod_alone_and_the_sets_peer_name() {
         let root = tempfile::tempdir().unwrap();
@@ -473,7 +484,7 @@ mod tests {
         );
         let peer = leaf(&iss.peer_files().cert);
         assert_eq!(
-            sans(&peer),
+            subject_alt_names(&peer),
             vec![
                 "etcd-1.etcd.ns.svc.cluster.local",
                 "10.1.2.3",
@@ -482,7 +493,7 @@ mod tests {
         );
         assert_eq!(common_names(&peer), vec!["etcd-peer"]);
         let client = leaf(&iss.client_files().cert);
-        let client_sans = sans(&client);
+        let client_sans = subject_alt_names(&client);
         for name in [
             "etcd-1.etcd.ns.svc.cluster.local",
             "*.etcd.ns.svc.cluster.local",
